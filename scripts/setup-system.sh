@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Prepare a Debian machine (root) for the container tier: install the Docker
+# engine, Debian's docker-compose 1.29, debootstrap and the network tools, then
+# start dockerd in the background unless an engine already answers.
+# Idempotent: a second run installs nothing and leaves a running engine alone.
+#
+#   sudo scripts/setup-system.sh
+#
+# Environment:
+#   DOCKERD_LOG        where dockerd writes its log (default /var/log/rallypoint-dockerd.log)
+#   DOCKER_WAIT_S      how long to wait for `docker info` (default 60)
+#   SKIP_APT=1         do not touch apt (packages already installed)
+set -euo pipefail
+
+DOCKERD_LOG="${DOCKERD_LOG:-/var/log/rallypoint-dockerd.log}"
+DOCKER_WAIT_S="${DOCKER_WAIT_S:-60}"
+PACKAGES=(docker.io docker-compose debootstrap iproute2 iptables)
+
+log() { printf 'setup-system: %s\n' "$*" >&2; }
+
+if [[ "$(id -u)" -ne 0 ]]; then
+    log "must run as root (apt-get and dockerd need it); rerun with sudo"
+    exit 2
+fi
+
+# Debian's engine speaks API 1.41; a newer standalone client earlier on PATH
+# negotiates down, but the packaged client is the one known to match.
+docker_cli() {
+    if [[ -x /usr/bin/docker ]]; then /usr/bin/docker "$@"; else docker "$@"; fi
+}
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$pkg")
+    fi
+done
+if [[ ${#missing[@]} -gt 0 && "${SKIP_APT:-0}" != "1" ]]; then
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+    log "packages present: ${PACKAGES[*]}"
+fi
+
+if docker_cli info >/dev/null 2>&1; then
+    log "docker engine already running"
+    exit 0
+fi
+
+if pgrep -x dockerd >/dev/null 2>&1; then
+    log "dockerd is starting (pid $(pgrep -x dockerd | head -n1)); waiting for it"
+else
+    # No init system to rely on (containers, CI VMs): run it detached, with its own log.
+    mkdir -p "$(dirname "$DOCKERD_LOG")"
+    log "starting dockerd (log: $DOCKERD_LOG)"
+    nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    disown || true
+fi
+
+deadline=$((SECONDS + DOCKER_WAIT_S))
+until docker_cli info >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+        log "docker engine did not answer within ${DOCKER_WAIT_S}s; last lines of $DOCKERD_LOG:"
+        tail -n 20 "$DOCKERD_LOG" >&2 || true
+        exit 1
+    fi
+    sleep 1
+done
+log "docker engine ready: $(docker_cli version --format '{{.Server.Version}} (API {{.Server.APIVersion}})')"

@@ -1,0 +1,5 @@
+"""`python -m rallypoint` runs the CLI."""
+
+from rallypoint.cli import main
+
+main()

@@ -1,0 +1,47 @@
+"""One base error and a leaf per failure; only cli.py maps them to exit codes."""
+
+from __future__ import annotations
+
+
+class RallypointError(Exception):
+    """Base of every error rallypoint raises on purpose; its message is one line."""
+
+
+class ConfigError(RallypointError):
+    """Raised when flags, settings or the environment are unusable (exit code 2)."""
+
+
+class ClusterSpecError(ConfigError):
+    """Raised when a provider's variables are missing, malformed or contradict each other."""
+
+
+class TFConfigError(ConfigError):
+    """Raised when a TF_CONFIG breaks TensorFlow's rules; names the JSON path at fault."""
+
+
+class OverrideError(ConfigError):
+    """Raised when a user-set value (environment or --set) fails validation."""
+
+
+class ResolveError(RallypointError):
+    """Raised when a peer's host name does not resolve to a usable address in time."""
+
+
+class PortError(RallypointError):
+    """Raised when no port can be reserved and held."""
+
+
+class AuthError(RallypointError):
+    """Raised when a peer message is unsigned, stale, replayed or carries a bad signature."""
+
+
+class PeerMessageError(RallypointError):
+    """Raised when a peer message (join, cluster document, announcement) is malformed."""
+
+
+class RendezvousTimeout(RallypointError):
+    """Raised when the rendezvous or a wait does not finish before its deadline (exit 3)."""
+
+
+class NotReady(RallypointError):
+    """Raised by clients when the local sidecar answers but is not ready (exit 1)."""

@@ -1,0 +1,121 @@
+"""Frozen values passed between the pure core and the I/O shell."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+#: Framework names accepted in RALLYPOINT_FRAMEWORKS.
+FRAMEWORKS = frozenset({"torch", "tf"})
+
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_LOCAL_PORT = 7780
+DEFAULT_PEER_PORT = 7781
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """What a provider read from the orchestrator: the nodes, who we are, who is master.
+
+    ``hosts`` is in node-rank order and the master is always node rank 0, because
+    torch's env:// init and torchrun's static rendezvous start the TCPStore on rank 0.
+    For the ``mdns`` provider ``hosts`` is empty until discovery fills it in.
+    """
+
+    provider: str
+    hosts: tuple[str, ...]
+    rank: int
+    nnodes: int
+    session: str
+    #: Preferred master port from the orchestrator (e.g. BACKENDAI_DIST_MASTER_PORT).
+    preferred_port: int | None = None
+    #: All nodes share one network stack (single node, demo): loopback answers are fine.
+    loopback_ok: bool = False
+    #: Provider-specific facts worth showing in /status (role, index, job id ...).
+    facts: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def master(self) -> str:
+        """The master's host name (node rank 0)."""
+        return self.hosts[0]
+
+    @property
+    def host(self) -> str:
+        """This node's host name."""
+        return self.hosts[self.rank]
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One node as it reported itself when it joined the rendezvous."""
+
+    rank: int
+    host: str
+    addresses: tuple[str, ...]
+    #: The TF worker port this node's sidecar reserved, when TF_CONFIG is served.
+    tf_port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDoc:
+    """The master's answer once every node joined: the rendezvous result."""
+
+    session: str
+    generation: str
+    master_host: str
+    master_port: int
+    members: tuple[Member, ...]
+
+    def member(self, rank: int) -> Member:
+        return self.members[rank]
+
+
+OverrideSource = Literal["environment", "--set"]
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """A contract variable the user set, which wins over the derived value."""
+
+    key: str
+    value: str
+    derived: str | None
+    source: OverrideSource
+
+
+@dataclass(frozen=True, slots=True)
+class DeriveOptions:
+    """Everything derivation needs besides the spec and the cluster document."""
+
+    nproc_per_node: int = 1
+    frameworks: frozenset[str] = FRAMEWORKS
+    #: TF_CONFIG layout: "workers", "chief", "ps:N", "evaluator" (see tfconfig.py).
+    tf_layout: str = "workers"
+    #: The master's verified address, served as MASTER_ADDR instead of its name.
+    master_ip: str | None = None
+    #: The local interface that routes to the master (--emit-ifname).
+    ifname: str | None = None
+    #: User-set values of contract variables: key -> (value, source).
+    user: Mapping[str, tuple[str, OverrideSource]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    """The finished environment: contract variables only, in a stable order."""
+
+    values: tuple[tuple[str, str], ...]
+    overrides: tuple[Override, ...] = ()
+    warnings: tuple[str, ...] = ()
+    #: False for `rallypoint derive`: ports are the preferred ones, not reserved.
+    reserved: bool = True
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.values)
+
+    def get(self, key: str) -> str | None:
+        return dict(self.values).get(key)
