@@ -1,0 +1,81 @@
+"""The Slurm provider: the job's node list, expanded from its hostlist expression."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rallypoint.errors import ClusterSpecError
+from rallypoint.model import ClusterSpec
+from rallypoint.providers import hostlist
+from rallypoint.providers._common import (
+    build,
+    check_nnodes,
+    choose_session,
+    digest,
+    find_host,
+    get,
+    get_int,
+    host_name,
+    session_id,
+    show,
+    unique,
+)
+
+NAME = "slurm"
+NODELIST = "SLURM_JOB_NODELIST"
+NODEID = "SLURM_NODEID"
+NNODES = "SLURM_NNODES"
+JOB_ID = "SLURM_JOB_ID"
+NODENAME = "SLURMD_NODENAME"
+
+
+def detects(environ: Mapping[str, str]) -> bool:
+    """True when SLURM_JOB_NODELIST is set and not blank."""
+    return get(environ, NODELIST) is not None
+
+
+def read(environ: Mapping[str, str]) -> ClusterSpec:
+    """Nodes of the job allocation in SLURM_JOB_NODELIST order; the first is the master.
+
+    This node is SLURM_NODEID (the node's index in the allocation), else SLURMD_NODENAME
+    or HOSTNAME looked up in the list; when both SLURM_NODEID and SLURMD_NODENAME are set
+    they must agree, which catches a step that runs on only part of the allocation.
+    """
+    expression = get(environ, NODELIST) or ""
+    hosts = [host_name(NODELIST, host) for host in hostlist.expand(expression, variable=NODELIST)]
+    unique(NODELIST, hosts)
+    check_nnodes(environ, NNODES, len(hosts), NODELIST)
+
+    node_id = get_int(environ, NODEID, minimum=0, maximum=len(hosts) - 1)
+    nodename = get(environ, NODENAME)
+    named = None if nodename is None else find_host(hosts, nodename)
+    if nodename is not None and named is None and node_id is None:
+        raise ClusterSpecError(
+            f"{NODENAME}={show(nodename)} is not in {NODELIST}={show(expression)}; run the"
+            f" sidecar on the job's nodes or set {NODEID}"
+        )
+    if node_id is not None and named is not None and node_id != named:
+        raise ClusterSpecError(
+            f"{NODEID}={node_id} points at {show(hosts[node_id])} but"
+            f" {NODENAME}={show(nodename or '')} is another node; run one sidecar per node"
+            " over the whole allocation (srun --ntasks-per-node=1)"
+        )
+    rank = node_id if node_id is not None else named
+    if rank is None:
+        hostname = get(environ, "HOSTNAME")
+        rank = None if hostname is None else find_host(hosts, hostname)
+        if rank is None:
+            raise ClusterSpecError(
+                f"cannot tell which node of {NODELIST}={show(expression)} this is; set {NODEID}"
+                " (srun sets it)"
+            )
+
+    facts = [("nodelist", expression)]
+    job_id = get(environ, JOB_ID)
+    if job_id is not None:
+        job_id = session_id(JOB_ID, job_id)
+        facts.insert(0, ("job_id", job_id))
+        derived = f"slurm-{job_id}"
+    else:
+        derived = f"slurm-{digest(*(host.lower() for host in hosts))}"
+    return build(NAME, hosts, rank, choose_session(environ, derived), facts=facts)
