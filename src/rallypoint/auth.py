@@ -1,0 +1,207 @@
+"""HMAC-SHA256 signing and checking of peer messages and mDNS TXT records.
+
+A signed HTTP message carries three headers: X-Rallypoint-Timestamp (integer Unix seconds),
+X-Rallypoint-Nonce (32 hex digits) and X-Rallypoint-Signature (hex HMAC-SHA256). The MAC covers
+a length-prefixed framing of a version tag, the context (method and path for requests, status
+and path for responses), the timestamp, the nonce and the SHA-256 of the body, so no two
+different messages share an encoding. Checks run in this order: format, signature (constant
+time), clock skew, replay; a nonce is remembered only once the message proved authentic, so
+forged traffic cannot fill the replay cache.
+
+mDNS TXT fields are signed the same way over their sorted (key, value) pairs plus "ts" and
+"nonce", and carry the MAC as "sig". An announcer re-signs and updates its record more often
+than ``max_skew_s``: a record older than that is stale. Identical repeats of a record are
+accepted, because mDNS repeats records by design (RFC 6762 section 8.3 and every answer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+
+from rallypoint.errors import AuthError
+
+TIMESTAMP_HEADER = "X-Rallypoint-Timestamp"
+NONCE_HEADER = "X-Rallypoint-Nonce"
+SIGNATURE_HEADER = "X-Rallypoint-Signature"
+_HEADERS = (TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER)
+
+#: TXT keys that sign_fields adds; callers may not use them for their own fields.
+FIELD_KEYS = ("ts", "nonce", "sig")
+
+#: Nonces remembered for replay detection; older ones are evicted first.
+NONCE_CACHE_SIZE = 65536
+
+_MESSAGE_TAG = b"rallypoint-message-v1"
+_FIELDS_TAG = b"rallypoint-fields-v1"
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_NONCE = re.compile(r"[0-9a-f]{32}")
+_SIGNATURE = re.compile(r"[0-9a-f]{64}")
+_REMEDY = "give every node the same RALLYPOINT_TOKEN (or --token-file)"
+
+
+class Authenticator:
+    """Signs and checks peer messages with a shared session secret; a no-op without one."""
+
+    def __init__(
+        self,
+        token: str | None,
+        *,
+        max_skew_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if token is not None and not token.strip():
+            raise ValueError(
+                "the session token is empty; set a secret or leave RALLYPOINT_TOKEN unset"
+            )
+        if max_skew_s <= 0:
+            raise ValueError(f"max_skew_s must be positive, got {max_skew_s}")
+        self.enabled = token is not None
+        self.max_skew_s = max_skew_s
+        #: Nonces remembered for replay detection; beyond it the oldest are evicted.
+        self.nonce_cache_size = NONCE_CACHE_SIZE
+        self._key = token.encode("utf-8") if token is not None else b""
+        self._clock = clock
+        # nonce -> timestamp, in the order the messages were accepted.
+        self._seen: OrderedDict[str, int] = OrderedDict()
+        # Messages at or before this timestamp are refused: their nonce may have been evicted.
+        self._horizon = -1
+
+    def __repr__(self) -> str:
+        return f"Authenticator(enabled={self.enabled}, max_skew_s={self.max_skew_s:g})"
+
+    def sign(self, context: str, body: bytes) -> dict[str, str]:
+        """The three signature headers for a message; {} when authentication is off."""
+        if not self.enabled:
+            return {}
+        timestamp = str(int(self._clock()))
+        nonce = secrets.token_hex(16)
+        signature = self._mac(_message_parts(context, timestamp, nonce, body))
+        return {TIMESTAMP_HEADER: timestamp, NONCE_HEADER: nonce, SIGNATURE_HEADER: signature}
+
+    def verify(self, context: str, body: bytes, headers: Mapping[str, str]) -> None:
+        """Accept an authentic, fresh, first-seen message or raise AuthError; no-op when off."""
+        if not self.enabled:
+            return
+        shown = context if context.isprintable() else ascii(context)
+        found = _pick_headers(shown, headers)
+        timestamp, nonce, signature = (found[name] for name in _HEADERS)
+        _check_formats(shown, timestamp, nonce, signature)
+        self._check_mac(shown, _message_parts(context, timestamp, nonce, body), signature)
+        ts = int(timestamp)
+        self._check_fresh(shown, ts)
+        self._remember(shown, nonce, ts)
+
+    def sign_fields(self, fields: Mapping[str, str]) -> dict[str, str]:
+        """``fields`` plus "ts", "nonce" and "sig"; ``fields`` unchanged when auth is off."""
+        reserved = sorted(set(fields) & set(FIELD_KEYS))
+        if reserved:
+            raise ValueError(f"field names {', '.join(reserved)} are reserved for the signature")
+        if not self.enabled:
+            return dict(fields)
+        signed = dict(fields, ts=str(int(self._clock())), nonce=secrets.token_hex(16))
+        signed["sig"] = self._mac(_field_parts(signed))
+        return signed
+
+    def verify_fields(self, fields: Mapping[str, str]) -> None:
+        """Accept authentic, fresh signed fields (repeats included) or raise AuthError."""
+        if not self.enabled:
+            return
+        context = "announcement"
+        missing = [key for key in FIELD_KEYS if key not in fields]
+        if missing:
+            raise AuthError(f"unsigned announcement: no {', '.join(missing)} field; {_REMEDY}")
+        _check_formats(context, fields["ts"], fields["nonce"], fields["sig"])
+        unsigned = {key: value for key, value in fields.items() if key != "sig"}
+        self._check_mac(context, _field_parts(unsigned), fields["sig"])
+        self._check_fresh(context, int(fields["ts"]))
+
+    def _mac(self, parts: list[bytes]) -> str:
+        return hmac.new(self._key, _frame(parts), hashlib.sha256).hexdigest()
+
+    def _check_mac(self, context: str, parts: list[bytes], signature: str) -> None:
+        if not hmac.compare_digest(self._mac(parts), signature):
+            raise AuthError(f"rejected {context}: bad signature; {_REMEDY}")
+
+    def _check_fresh(self, context: str, ts: int) -> None:
+        skew = self._clock() - ts
+        if abs(skew) > self.max_skew_s:
+            direction = "behind" if skew > 0 else "ahead of"
+            raise AuthError(
+                f"rejected {context}: its timestamp is {abs(skew):.0f}s {direction} this "
+                f"node's clock (limit {self.max_skew_s:g}s); synchronise the clocks (NTP)"
+            )
+
+    def _remember(self, context: str, nonce: str, ts: int) -> None:
+        if ts <= self._horizon:
+            raise AuthError(
+                f"rejected {context}: too old for the replay cache after heavy traffic; "
+                "the sender should retry with a fresh message"
+            )
+        if nonce in self._seen:
+            raise AuthError(f"rejected {context}: replayed message (nonce seen before)")
+        now = self._clock()
+        # Nonces whose message would now be stale cannot be replayed: forget them.
+        while self._seen:
+            oldest_nonce, oldest_ts = next(iter(self._seen.items()))
+            if now - oldest_ts <= self.max_skew_s and len(self._seen) < self.nonce_cache_size:
+                break
+            del self._seen[oldest_nonce]
+            if now - oldest_ts <= self.max_skew_s:
+                # Evicted while still fresh: refuse everything as old as it from now on.
+                self._horizon = max(self._horizon, oldest_ts)
+        self._seen[nonce] = ts
+
+
+def _pick_headers(context: str, headers: Mapping[str, str]) -> dict[str, str]:
+    """The three signature headers, looked up case-insensitively; each must appear once."""
+    wanted = {name.lower(): name for name in _HEADERS}
+    found: dict[str, str] = {}
+    for key, value in headers.items():
+        name = wanted.get(key.lower())
+        if name is None:
+            continue
+        if name in found:
+            raise AuthError(f"rejected {context}: header {name} appears twice")
+        found[name] = value
+    missing = [name for name in _HEADERS if name not in found]
+    if missing:
+        raise AuthError(f"unsigned {context}: no {', '.join(missing)} header; {_REMEDY}")
+    return found
+
+
+def _check_formats(context: str, timestamp: str, nonce: str, signature: str) -> None:
+    for what, value, pattern in (
+        ("timestamp", timestamp, _TIMESTAMP),
+        ("nonce", nonce, _NONCE),
+        ("signature", signature, _SIGNATURE),
+    ):
+        if pattern.fullmatch(value) is None:
+            raise AuthError(f"rejected {context}: malformed {what}")
+
+
+def _message_parts(context: str, timestamp: str, nonce: str, body: bytes) -> list[bytes]:
+    parts = [_MESSAGE_TAG, _utf8(context), timestamp.encode(), nonce.encode()]
+    return [*parts, hashlib.sha256(body).digest()]
+
+
+def _field_parts(fields: Mapping[str, str]) -> list[bytes]:
+    parts = [_FIELDS_TAG]
+    for key, value in sorted(fields.items()):
+        parts += [_utf8(key), _utf8(value)]
+    return parts
+
+
+def _utf8(text: str) -> bytes:
+    # surrogatepass: a path with a lone surrogate still gets a (failing) MAC, not a crash.
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _frame(parts: list[bytes]) -> bytes:
+    """Each part prefixed with its 4-byte big-endian length: an unambiguous encoding."""
+    return b"".join(len(part).to_bytes(4, "big") + part for part in parts)

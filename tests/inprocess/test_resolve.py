@@ -1,0 +1,431 @@
+"""resolve: verdicts, retries under a deadline, scopes, and the real system resolver."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from rallypoint.resolve import (
+    AUTO_ALL_MAX_NODES,
+    Resolution,
+    SystemResolver,
+    Verdict,
+    check,
+    is_loopback,
+    scope_ranks,
+    verify,
+)
+from tests.fakes import FakeResolver
+
+# A deadline far enough away that only the test's own asyncio.timeout can end a hang.
+PATIENT = 3600.0
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.1.1", True),
+        ("127.255.255.254", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),
+        ("::ffff:127.1.2.3", True),
+        ("0.0.0.0", True),
+        ("::", True),
+        ("::ffff:0.0.0.0", True),
+        ("10.0.0.1", False),
+        ("128.0.0.1", False),
+        ("126.255.255.255", False),
+        ("::2", False),
+        ("::ffff:10.0.0.1", False),
+        ("fe80::1%eth0", False),
+        ("2001:db8::1", False),
+    ],
+)
+def test_is_loopback(address: str, expected: bool) -> None:
+    assert is_loopback(address) is expected
+
+
+def test_is_loopback_rejects_names() -> None:
+    with pytest.raises(ValueError):
+        is_loopback("localhost")
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected", "verdict", "detail_has"),
+    [
+        (["10.0.0.2"], None, Verdict.OK, "10.0.0.2"),
+        (["10.0.0.2"], ["10.0.0.2", "10.0.1.2"], Verdict.OK, "10.0.0.2"),
+        (["10.0.0.2"], [], Verdict.OK, "10.0.0.2"),
+        (["2001:db8::2"], ["2001:DB8:0::2"], Verdict.OK, "2001:db8::2"),
+        (["10.0.0.2"], ["::ffff:10.0.0.2"], Verdict.OK, "10.0.0.2"),
+        (["127.0.1.1"], None, Verdict.LOOPBACK, "127.0.1.1"),
+        (["::1"], ["10.0.0.2"], Verdict.LOOPBACK, "::1"),
+        # Mixed answers: loopback anywhere counts, whatever its position.
+        (["10.0.0.2", "127.0.1.1"], ["10.0.0.2"], Verdict.LOOPBACK, "127.0.1.1"),
+        (["10.0.0.9"], ["10.0.0.2"], Verdict.MISMATCH, "10.0.0.2"),
+        ([], None, Verdict.NOT_FOUND, "no address"),
+        (
+            socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+            None,
+            Verdict.NOT_FOUND,
+            "Name or service not known",
+        ),
+        (
+            socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"),
+            None,
+            Verdict.NOT_FOUND,
+            "Temporary failure",
+        ),
+    ],
+)
+async def test_check_verdicts(
+    answer: list[str] | BaseException,
+    expected: list[str] | None,
+    verdict: Verdict,
+    detail_has: str,
+) -> None:
+    fake = FakeResolver({"node1": answer})
+    result = await check(fake, "node1", expected, timeout_s=5)
+    assert result.verdict is verdict
+    assert result.host == "node1"
+    assert detail_has in result.detail
+    assert "node1" in result.detail
+    assert result.attempts == 1
+    if isinstance(answer, list):
+        assert result.addresses == tuple(answer)
+    else:
+        assert result.addresses == ()
+
+
+async def test_check_unknown_name_is_not_found() -> None:
+    result = await check(FakeResolver(), "ghost", None, timeout_s=5)
+    assert result.verdict is Verdict.NOT_FOUND
+
+
+async def test_check_deduplicates_preserving_order() -> None:
+    fake = FakeResolver({"node1": ["10.0.0.3", "10.0.0.2", "10.0.0.3"]})
+    result = await check(fake, "node1", None, timeout_s=5)
+    assert result.addresses == ("10.0.0.3", "10.0.0.2")
+
+
+async def test_check_times_out_without_stalling_the_loop() -> None:
+    fake = FakeResolver()
+    fake.set("slow", ["10.0.0.2"], hang=True)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        result = await check(fake, "slow", None, timeout_s=0.2)
+    finally:
+        ticking.cancel()
+    assert result.verdict is Verdict.TIMED_OUT
+    assert "0.2s" in result.detail
+    assert ticks >= 3
+
+
+async def test_check_with_a_delay_inside_the_timeout_is_ok() -> None:
+    fake = FakeResolver()
+    fake.set("slowish", ["10.0.0.2"], delay_s=0.05)
+    result = await check(fake, "slowish", None, timeout_s=5)
+    assert result.verdict is Verdict.OK
+
+
+async def test_verify_succeeds_once_the_name_appears() -> None:
+    fake = FakeResolver()
+    fake.set("late", ["10.0.0.2"], appear_after=3)
+    result = await verify(
+        fake,
+        "late",
+        ["10.0.0.2"],
+        deadline=asyncio.get_running_loop().time() + PATIENT,
+        timeout_s=5,
+        backoff_initial_s=0.001,
+        backoff_max_s=0.01,
+        clock=asyncio.get_running_loop().time,
+    )
+    assert result.verdict is Verdict.OK
+    assert result.attempts == 4
+    assert fake.calls["late"] == 4
+
+
+async def test_verify_picks_up_a_name_added_while_it_waits() -> None:
+    fake = FakeResolver()
+    loop = asyncio.get_running_loop()
+
+    async def publish() -> None:
+        await asyncio.sleep(0.05)  # verify's first attempt runs before this ends
+        fake.set("late", ["10.0.0.2"])
+
+    publisher = asyncio.create_task(publish())
+    result = await verify(
+        fake,
+        "late",
+        None,
+        deadline=loop.time() + PATIENT,
+        timeout_s=5,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.02,
+        clock=loop.time,
+    )
+    await publisher
+    assert result.verdict is Verdict.OK
+    assert result.attempts >= 2
+    # Every attempt asked the resolver again: nothing was cached.
+    assert fake.calls["late"] == result.attempts
+
+
+async def test_verify_returns_the_last_failure_at_the_deadline() -> None:
+    fake = FakeResolver({"gone": ["10.0.0.9"]})
+    loop = asyncio.get_running_loop()
+    result = await verify(
+        fake,
+        "gone",
+        ["10.0.0.2"],
+        deadline=loop.time() + 0.2,
+        timeout_s=5,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.02,
+        clock=loop.time,
+    )
+    assert result.verdict is Verdict.MISMATCH
+    assert result.attempts >= 2
+    assert result.attempts == fake.calls["gone"]
+
+
+class SteppingClock:
+    """A clock that only moves when the fake resolver says a lookup took time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SlowFake(FakeResolver):
+    """Every lookup costs ``step`` seconds of the stepping clock."""
+
+    def __init__(self, clock: SteppingClock, step: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.step = step
+
+    async def lookup(self, host: str) -> list[str]:
+        self.clock.now += self.step
+        return await super().lookup(host)
+
+
+async def test_verify_starts_no_attempt_past_the_deadline() -> None:
+    clock = SteppingClock()
+    fake = SlowFake(clock, step=1.0)
+    result = await verify(
+        fake,
+        "ghost",
+        None,
+        deadline=2.5,
+        timeout_s=5,
+        backoff_initial_s=0.001,
+        backoff_max_s=0.001,
+        clock=clock,
+    )
+    # Attempts start at 0, 1 and 2; at 3 the deadline (2.5) has passed.
+    assert result.attempts == 3
+    assert result.verdict is Verdict.NOT_FOUND
+    assert result.elapsed_s == pytest.approx(3.0)
+
+
+async def test_verify_never_sleeps_past_the_deadline() -> None:
+    fake = FakeResolver()
+    loop = asyncio.get_running_loop()
+    # A huge backoff: a pause that ignored the deadline would outlive the guard below.
+    async with asyncio.timeout(30):
+        result = await verify(
+            fake,
+            "ghost",
+            None,
+            deadline=loop.time() + 0.2,
+            timeout_s=5,
+            backoff_initial_s=PATIENT,
+            backoff_max_s=PATIENT,
+            clock=loop.time,
+        )
+    assert result.verdict is Verdict.NOT_FOUND
+
+
+async def test_verify_caps_a_hanging_lookup_at_the_deadline() -> None:
+    fake = FakeResolver()
+    fake.set("slow", ["10.0.0.2"], hang=True)
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(30):
+        result = await verify(
+            fake,
+            "slow",
+            None,
+            deadline=loop.time() + 0.2,
+            timeout_s=PATIENT,
+            backoff_initial_s=0.01,
+            backoff_max_s=0.01,
+            clock=loop.time,
+        )
+    assert result.verdict is Verdict.TIMED_OUT
+    assert result.attempts >= 1
+
+
+async def test_verify_keeps_the_informative_answer_when_the_deadline_cuts_the_last_try() -> None:
+    clock = SteppingClock()
+    fake = FakeResolver({"gone": ["10.0.0.9"]})
+    answers = iter([None, "hang"])
+
+    class Flaky:
+        async def lookup(self, host: str) -> list[str]:
+            clock.now += 1.0
+            if next(answers) == "hang":
+                await asyncio.get_running_loop().create_future()
+            return await fake.lookup(host)
+
+    # The first try answers MISMATCH at t=1; the second starts with 0.01 s left and times out.
+    result = await verify(
+        Flaky(),
+        "gone",
+        ["10.0.0.2"],
+        deadline=1.01,
+        timeout_s=5,
+        backoff_initial_s=0.001,
+        backoff_max_s=0.001,
+        clock=clock,
+    )
+    assert result.attempts == 2
+    assert result.verdict is Verdict.MISMATCH
+
+
+async def test_verify_with_a_past_deadline_makes_no_attempt() -> None:
+    fake = FakeResolver({"node1": ["10.0.0.2"]})
+    result = await verify(
+        fake,
+        "node1",
+        None,
+        deadline=-1.0,
+        timeout_s=5,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.01,
+        clock=lambda: 0.0,
+    )
+    assert result.verdict is Verdict.TIMED_OUT
+    assert result.attempts == 0
+    assert fake.total_calls == 0
+
+
+@pytest.mark.parametrize(
+    ("accept_loopback", "verdict"), [(False, Verdict.LOOPBACK), (True, Verdict.OK)]
+)
+async def test_verify_loopback(accept_loopback: bool, verdict: Verdict) -> None:
+    fake = FakeResolver({"node0": ["127.0.1.1"]})
+    loop = asyncio.get_running_loop()
+    result = await verify(
+        fake,
+        "node0",
+        None,
+        deadline=loop.time() + 0.1,
+        timeout_s=5,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.02,
+        clock=loop.time,
+        accept_loopback=accept_loopback,
+    )
+    assert result.verdict is verdict
+    assert "127.0.1.1" in result.detail
+    if accept_loopback:
+        assert result.attempts == 1
+
+
+def test_scope_all_and_small_auto_cover_every_rank_including_self() -> None:
+    assert scope_ranks(4, 2, "all") == [0, 1, 2, 3]
+    assert scope_ranks(AUTO_ALL_MAX_NODES, 5, "auto") == list(range(AUTO_ALL_MAX_NODES))
+
+
+@pytest.mark.parametrize(("rank", "expected"), [(0, [0]), (3, [0, 3])])
+def test_scope_master(rank: int, expected: list[int]) -> None:
+    assert scope_ranks(10, rank, "master") == expected
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2047, 4095])
+def test_scope_auto_large_session(rank: int) -> None:
+    nnodes = 4096
+    ranks = scope_ranks(nnodes, rank, "auto", sample=8, seed="job-17")
+    fixed = {0, rank, (rank - 1) % nnodes, (rank + 1) % nnodes}
+    assert fixed <= set(ranks)
+    assert len(ranks) == len(fixed) + 8
+    assert ranks == sorted(set(ranks))
+    assert all(0 <= r < nnodes for r in ranks)
+    # Deterministic for the same session, different for another one.
+    assert scope_ranks(nnodes, rank, "auto", sample=8, seed="job-17") == ranks
+    assert scope_ranks(nnodes, rank, "auto", sample=8, seed="job-18") != ranks
+
+
+def test_scope_auto_spreads_the_sample_across_ranks() -> None:
+    nnodes = 1000
+    samples = [set(scope_ranks(nnodes, r, "auto", sample=8, seed="s")) for r in range(50)]
+    assert len(set.union(*samples)) > 200
+
+
+def test_scope_auto_sample_larger_than_the_rest() -> None:
+    assert scope_ranks(70, 3, "auto", sample=1000) == list(range(70))
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "rank", "scope", "sample"),
+    [
+        (0, 0, "all", 8),
+        (4, 4, "all", 8),
+        (4, -1, "all", 8),
+        (4, 0, "some", 8),
+        (100, 0, "auto", -1),
+    ],
+)
+def test_scope_rejects_bad_input(nnodes: int, rank: int, scope: str, sample: int) -> None:
+    with pytest.raises(ValueError):
+        scope_ranks(nnodes, rank, scope, sample=sample)
+
+
+async def test_system_resolver_localhost_is_loopback() -> None:
+    async with SystemResolver(workers=2) as resolver:
+        addresses = await resolver.lookup("localhost")
+        result = await check(resolver, "localhost", None, timeout_s=10)
+    assert addresses
+    assert len(addresses) == len(set(addresses))
+    assert all(is_loopback(address) for address in addresses)
+    assert result.verdict is Verdict.LOOPBACK
+
+
+@pytest.mark.parametrize("literal", ["192.0.2.7", "2001:db8::7"])
+async def test_system_resolver_literal(literal: str) -> None:
+    async with SystemResolver(workers=1) as resolver:
+        result: Resolution = await check(resolver, literal, [literal], timeout_s=10)
+    assert result.verdict is Verdict.OK
+    assert result.addresses == (literal,)
+
+
+async def test_system_resolver_invalid_name_is_not_found() -> None:
+    async with SystemResolver(workers=1) as resolver:
+        result = await check(resolver, "bad..name.invalid", None, timeout_s=10)
+    assert result.verdict is Verdict.NOT_FOUND
+
+
+def test_system_resolver_needs_a_worker() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        SystemResolver(workers=0)
+
+
+def test_system_resolver_close_twice_is_safe() -> None:
+    resolver = SystemResolver()
+    resolver.close()
+    resolver.close()
