@@ -102,6 +102,11 @@ class DeriveOptions:
     ifname: str | None = None
     #: User-set values of contract variables: key -> (value, source).
     user: Mapping[str, tuple[str, OverrideSource]] = field(default_factory=dict)
+    #: Offline only (no cluster document): the master port shown; None means the
+    #: spec's preferred port, else DEFAULT_MASTER_PORT.
+    master_port: int | None = None
+    #: Offline only (no cluster document): every node's TF worker port.
+    tf_port: int = 2222
 
 
 @dataclass(frozen=True, slots=True)
