@@ -45,3 +45,11 @@ class RendezvousTimeout(RallypointError):
 
 class NotReady(RallypointError):
     """Raised by clients when the local sidecar answers but is not ready (exit 1)."""
+
+
+class SidecarUnreachable(RallypointError):
+    """Raised by clients when nothing answers on the local API address (exit 1)."""
+
+
+class SidecarError(RallypointError):
+    """Raised by clients when the local API answers outside its contract (exit 1)."""
