@@ -1,0 +1,199 @@
+"""Drive docker and docker-compose for the compose tier: images, sessions, logs, teardown."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER_DIR = REPO / "docker"
+BUILD_SCRIPT = REPO / "scripts" / "build-images.sh"
+IMAGE = os.environ.get("RALLYPOINT_IMAGE", "rallypoint:local")
+SUMMARY_PREFIX = "rallypoint-trainer "
+
+BUILD_TIMEOUT_S = 900.0
+UP_TIMEOUT_S = 300.0
+TRAINER_TIMEOUT_S = 300.0
+DOWN_TIMEOUT_S = 120.0
+
+
+def docker_cli() -> str | None:
+    """The docker client to use: Debian's packaged one first (it matches Debian's engine)."""
+    if Path("/usr/bin/docker").is_file():
+        return "/usr/bin/docker"
+    return shutil.which("docker")
+
+
+def compose_cli(docker: str | None) -> list[str] | None:
+    """docker-compose 1.x if installed, else the `docker compose` v2 plugin, else None."""
+    legacy = shutil.which("docker-compose")
+    if legacy:
+        return [legacy]
+    if docker and run([docker, "compose", "version"], timeout_s=30, check=False).returncode == 0:
+        return [docker, "compose"]
+    return None
+
+
+def engine_answers(docker: str | None) -> bool:
+    """True when a Docker engine answers `docker info`."""
+    if docker is None:
+        return False
+    try:
+        return run([docker, "info"], timeout_s=30, check=False).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout_s: float,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command, capturing text output; raise with its output when check fails."""
+    done = subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(argv)} exited {done.returncode}\n"
+            f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+        )
+    return done
+
+
+def build_images() -> None:
+    """Build (or refresh, cached) the rallypoint image with scripts/build-images.sh."""
+    run(["bash", str(BUILD_SCRIPT)], timeout_s=BUILD_TIMEOUT_S, env={**os.environ, "IMAGE": IMAGE})
+
+
+@dataclass
+class TrainerResult:
+    """What one trainer container did."""
+
+    service: str
+    exit_code: int
+    logs: str
+    summary: dict[str, Any] | None
+
+
+@dataclass
+class ComposeSession:
+    """One `docker-compose -p <unique> -f <file>` project, torn down with `down -v`."""
+
+    docker: str
+    compose: list[str]
+    file: Path
+    project: str = field(default_factory=lambda: f"rptest{uuid.uuid4().hex[:10]}")
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "RALLYPOINT_IMAGE": IMAGE}
+
+    def _compose(
+        self, *args: str, timeout_s: float, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [*self.compose, "--ansi", "never", "-p", self.project, "-f", str(self.file), *args]
+        return run(argv, timeout_s=timeout_s, check=check, env=self._env())
+
+    def up(self) -> None:
+        """Start every service detached; returns once the trainers have been started.
+
+        Detached because docker-compose 1.29's --abort-on-container-exit also fires
+        when an init container exits 0.
+        """
+        self._compose("up", "-d", timeout_s=UP_TIMEOUT_S)
+
+    def container_id(self, service: str) -> str:
+        """The container of a service (its only replica)."""
+        out = self._compose("ps", "-q", service, timeout_s=60).stdout.split()
+        if len(out) != 1:
+            raise AssertionError(f"service {service} has containers {out}, expected one")
+        return out[0]
+
+    def wait_trainers(self, services: Sequence[str]) -> list[TrainerResult]:
+        """Wait until every trainer exited; return their exit codes, logs and summaries."""
+        ids = {service: self.container_id(service) for service in services}
+        run([self.docker, "wait", *ids.values()], timeout_s=TRAINER_TIMEOUT_S)
+        results = []
+        for service, cid in ids.items():
+            code = run(
+                [self.docker, "inspect", "-f", "{{.State.ExitCode}}", cid], timeout_s=60
+            ).stdout.strip()
+            logs = run([self.docker, "logs", cid], timeout_s=60)
+            text = logs.stdout + logs.stderr
+            results.append(TrainerResult(service, int(code), text, parse_summary(text)))
+        return results
+
+    @contextlib.contextmanager
+    def logs_on_failure(self) -> Iterator[None]:
+        """Print every service's logs (pytest shows them) when the block raises."""
+        try:
+            yield
+        except BaseException:
+            print(f"--- docker-compose logs of project {self.project}\n{self.logs()}")
+            raise
+
+    def started_after_init(self, node: str) -> tuple[bool, str]:
+        """Whether the node's trainer started only after its init exited 0 (and the times)."""
+        init = self._state(self.container_id(f"{node}-init"))
+        trainer = self._state(self.container_id(f"{node}-trainer"))
+        detail = (
+            f"{node}-init exit {init['ExitCode']} finished {init['FinishedAt']}, "
+            f"{node}-trainer started {trainer['StartedAt']}"
+        )
+        ok = init["ExitCode"] == 0 and timestamp(init["FinishedAt"]) <= timestamp(
+            trainer["StartedAt"]
+        )
+        return ok, detail
+
+    def _state(self, cid: str) -> dict[str, Any]:
+        out = run([self.docker, "inspect", "-f", "{{json .State}}", cid], timeout_s=60).stdout
+        state = json.loads(out)
+        assert isinstance(state, dict)
+        return state
+
+    def logs(self) -> str:
+        """Every service's logs, for a failure report."""
+        done = self._compose("logs", "--no-color", "--timestamps", timeout_s=120, check=False)
+        return done.stdout + done.stderr
+
+    def down(self) -> None:
+        """Remove containers, networks and volumes of this project (safe to call twice)."""
+        self._compose(
+            "down", "-v", "--remove-orphans", "-t", "5", timeout_s=DOWN_TIMEOUT_S, check=False
+        )
+
+
+def parse_summary(logs: str) -> dict[str, Any] | None:
+    """The trainer's `rallypoint-trainer {json}` line, or None when it printed none."""
+    for line in logs.splitlines():
+        _, sep, payload = line.partition(SUMMARY_PREFIX)
+        if sep and payload.startswith("{"):
+            value = json.loads(payload)
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def timestamp(value: str) -> tuple[str, int]:
+    """Docker's RFC 3339 time (nanoseconds, trailing zeros trimmed) as a sortable pair."""
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z", value)
+    if match is None:
+        raise AssertionError(f"unexpected docker timestamp {value!r}")
+    return match.group(1), int((match.group(2) or "").ljust(9, "0"))
