@@ -1,0 +1,66 @@
+"""Prometheus metrics of one sidecar, in its own registry (never the process-global one)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """The sidecar's counters and gauges; several instances coexist in one process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ready = Gauge("rallypoint_ready", "1 when /env serves, else 0", registry=r)
+        self.ready_transitions = Counter(
+            "rallypoint_ready_transitions", "Readiness changes, by new state", ["to"], registry=r
+        )
+        self.generation_changes = Counter(
+            "rallypoint_generation_changes",
+            "Cluster documents with a new generation acted on",
+            registry=r,
+        )
+        self.joins = Counter(
+            "rallypoint_joins", "Join requests answered (master), by result", ["result"], registry=r
+        )
+        self.join_attempts = Counter(
+            "rallypoint_join_attempts",
+            "Join attempts made (worker), by result",
+            ["result"],
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "rallypoint_auth_failures",
+            "Peer messages rejected by authentication",
+            ["reason"],
+            registry=r,
+        )
+        self.resolutions = Counter(
+            "rallypoint_resolutions", "Host name resolutions, by verdict", ["verdict"], registry=r
+        )
+        self.requests = Counter(
+            "rallypoint_http_requests",
+            "HTTP requests served",
+            ["api", "route", "status"],
+            registry=r,
+        )
+        self.pokes_received = Counter(
+            "rallypoint_pokes_received", "Pokes accepted from the master", registry=r
+        )
+        self.pokes_sent = Counter(
+            "rallypoint_pokes_sent", "Pokes sent to workers, by result", ["result"], registry=r
+        )
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry."""
+        return generate_latest(self.registry)
+
+    def value(self, name: str, **labels: str) -> float:
+        """One sample's current value (0.0 when absent): for /status and tests."""
+        sample = self.registry.get_sample_value(name, labels)
+        return 0.0 if sample is None else sample

@@ -1,0 +1,336 @@
+"""The only module importing aiohttp.web: the local API and the peer API of one sidecar.
+
+The local API (loopback only by default) serves this container's env and the node's status.
+The peer API serves what peers need and nothing else: join, the cluster document, a
+data-less readiness answer and pokes. With a token every peer request, and the master's
+join answers and cluster documents, carry an HMAC signature (auth.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from rallypoint import render, wire
+from rallypoint.errors import AuthError, PeerMessageError, PortError
+from rallypoint.metrics import CONTENT_TYPE
+from rallypoint.rendezvous import JoinRejected, Reason, Rendezvous, auth_reason
+from rallypoint.settings import Settings
+
+log = logging.getLogger(__name__)
+
+NODE = web.AppKey("node", Rendezvous)
+TASK = web.AppKey("rendezvous_task", asyncio.Task[None])
+
+#: Requests to the local API carry no body.
+LOCAL_MAX_BYTES = 1024
+#: A join body is a few hundred bytes; anything near this is not a peer of ours.
+PEER_MAX_BYTES = 64 * 1024
+KEEPALIVE_S = 5.0
+BACKLOG = 1024
+#: ?wait= is capped so an idle client cannot hold a connection forever; clients loop.
+MAX_WAIT_S = 300.0
+
+_NO_STORE = {"Cache-Control": "no-store"}
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, message: str, code: str | None = None) -> web.Response:
+    """A one-line JSON error: {"error": message[, "code": code]}."""
+    body: dict[str, str] = {"error": message}
+    if code is not None:
+        body["code"] = code
+    return web.json_response(body, status=status, headers=_NO_STORE)
+
+
+def _observe(api: str) -> Middleware:
+    """Middleware: map rallypoint errors to answers and count every request."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        node = request.app[NODE]
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        try:
+            response = await handler(request)
+        except web.HTTPRequestEntityTooLarge as exc:
+            response = error_response(413, exc.text or "request body too large", "too_large")
+        except web.HTTPException as exc:
+            node.metrics.requests.labels(api, route, str(exc.status)).inc()
+            raise
+        except AuthError as exc:
+            node.metrics.auth_failures.labels(auth_reason(exc)).inc()
+            log.warning("auth_rejected route=%s remote=%s error=%s", route, request.remote, exc)
+            response = error_response(401, str(exc), "auth_failed")
+        except JoinRejected as exc:
+            response = error_response(exc.status, str(exc), exc.code)
+        except PeerMessageError as exc:
+            response = error_response(400, str(exc), "bad_request")
+        node.metrics.requests.labels(api, route, str(response.status)).inc()
+        return response
+
+    return middleware
+
+
+# -- local API ------------------------------------------------------------------------------
+
+
+def local_app(node: Rendezvous) -> web.Application:
+    """The local API: /env, /readyz, /livez, /status, /metrics."""
+    app = web.Application(client_max_size=LOCAL_MAX_BYTES, middlewares=[_observe("local")])
+    app[NODE] = node
+    app.router.add_get("/env", _env)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/livez", _livez)
+    app.router.add_get("/status", _status)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def _not_ready(reasons: list[Reason]) -> web.Response:
+    body = {"ready": False, "reasons": [r.as_json() for r in reasons]}
+    return web.json_response(body, status=503, headers=_NO_STORE)
+
+
+def _single(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
+    """The query as a dict; PeerMessageError-free 400s for unknown or repeated parameters."""
+    query = request.query
+    for key in query:
+        if key not in allowed:
+            raise web.HTTPBadRequest(
+                text=_json_line(f"unknown query parameter {key!r}; use {', '.join(allowed)}"),
+                content_type="application/json",
+            )
+        if len(query.getall(key)) > 1:
+            raise web.HTTPBadRequest(
+                text=_json_line(f"query parameter {key!r} given more than once"),
+                content_type="application/json",
+            )
+    return {key: query[key] for key in query}
+
+
+def _json_line(message: str) -> str:
+    return json.dumps({"error": message})
+
+
+async def _env(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    params = _single(request, ("format", "wait"))
+    fmt = params.get("format", "json")
+    if fmt not in render.FORMATS:
+        return error_response(400, f"format {fmt!r} is not one of {', '.join(render.FORMATS)}")
+    if "wait" in params:
+        try:
+            wait_s = float(params["wait"])
+        except ValueError:
+            wait_s = math.nan
+        if not math.isfinite(wait_s) or wait_s < 0:
+            return error_response(
+                400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
+            )
+        await node.wait_ready(min(wait_s, MAX_WAIT_S))
+    env = node.env
+    if not node.ready or env is None:
+        return _not_ready(node.reasons())
+    content_type = "application/json" if fmt == "json" else "text/plain"
+    headers = dict(_NO_STORE)
+    headers["X-Rallypoint-Generation"] = node.generation or ""
+    return web.Response(
+        text=render.render(env.as_dict(), fmt), content_type=content_type, headers=headers
+    )
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    if node.ready:
+        return web.Response(text="ready\n", headers=_NO_STORE)
+    reasons = node.reasons()
+    first = reasons[0] if reasons else Reason("starting", "the sidecar is starting")
+    more = f" (+{len(reasons) - 1} more, see /status)" if len(reasons) > 1 else ""
+    return web.Response(
+        status=503, text=f"not ready: {first.code}: {first.message}{more}\n", headers=_NO_STORE
+    )
+
+
+async def _livez(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n", headers=_NO_STORE)
+
+
+async def _status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[NODE].status(), headers=_NO_STORE)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    headers = dict(_NO_STORE)
+    headers["Content-Type"] = CONTENT_TYPE
+    return web.Response(body=request.app[NODE].metrics.render(), headers=headers)
+
+
+# -- peer API -------------------------------------------------------------------------------
+
+
+def peer_app(node: Rendezvous, *, run_rendezvous: bool = True) -> web.Application:
+    """The peer API; with ``run_rendezvous`` the state machine runs as its background task."""
+    app = web.Application(client_max_size=PEER_MAX_BYTES, middlewares=[_observe("peer")])
+    app[NODE] = node
+    app.router.add_post("/v1/join", _join)
+    app.router.add_get("/v1/cluster", _cluster)
+    app.router.add_get("/v1/ready", _ready)
+    app.router.add_post("/v1/poke", _poke)
+    if run_rendezvous:
+        app.cleanup_ctx.append(_rendezvous_task)
+    return app
+
+
+async def _rendezvous_task(app: web.Application) -> AsyncIterator[None]:
+    node = app[NODE]
+    task = asyncio.create_task(node.run(), name=f"rendezvous-{node.spec.host}")
+    task.add_done_callback(_report_crash(node))
+    app[TASK] = task
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _report_crash(node: Rendezvous) -> Callable[[asyncio.Task[None]], None]:
+    def done(task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("rendezvous_crashed error=%r", exc, exc_info=exc)
+        node.fail(Reason("internal_error", f"the rendezvous stopped: {exc!r}; see the log"))
+
+    return done
+
+
+async def _join(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await request.read()
+    node.auth.verify("POST /v1/join", body, request.headers)
+    answer = node.handle_join(wire.parse_join(body), request.remote)
+    return _signed(node, "200 /v1/join", wire.encode_join_answer(answer))
+
+
+async def _cluster(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    params = _single(request, ("after",))
+    after = params.get("after")
+    node.auth.verify(f"GET /v1/cluster?after={after or ''}", b"", request.headers)
+    if after is not None:
+        wire.generation(after, "after")
+    doc = await node.handle_cluster(after)
+    if doc is None:
+        return web.Response(status=204, headers=_NO_STORE)
+    return _signed(node, "200 /v1/cluster", wire.encode_cluster_doc(doc))
+
+
+async def _ready(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    node.auth.verify("GET /v1/ready", b"", request.headers)
+    return web.json_response({"ready": node.ready}, headers=_NO_STORE)
+
+
+async def _poke(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await request.read()
+    node.auth.verify("POST /v1/poke", body, request.headers)
+    node.handle_poke(wire.parse_poke(body))
+    return web.Response(status=204, headers=_NO_STORE)
+
+
+def _signed(node: Rendezvous, context: str, payload: bytes) -> web.Response:
+    headers = dict(_NO_STORE)
+    headers.update(node.auth.sign(context, payload))
+    return web.Response(body=payload, content_type="application/json", headers=headers)
+
+
+# -- listeners ------------------------------------------------------------------------------
+
+
+class Listeners:
+    """Both APIs bound with AppRunner + TCPSite; an async context manager, closing twice is safe."""
+
+    def __init__(self, node: Rendezvous, settings: Settings) -> None:
+        self.node = node
+        self.settings = settings
+        #: (host, port) pairs actually listening, for logs and tests.
+        self.local_bound: list[tuple[str, int]] = []
+        self.peer_bound: list[tuple[str, int]] = []
+        self._runners: list[web.AppRunner] = []
+
+    async def __aenter__(self) -> Listeners:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Bind the local API on every local host, then the peer API (starts the rendezvous)."""
+        settings = self.settings
+        local = await self._runner(local_app(self.node))
+        for host in settings.local_hosts:
+            if await self._bind(local, host, settings.local_port, "local", quiet_v6=True):
+                self.local_bound.append((host, settings.local_port))
+        peer = await self._runner(peer_app(self.node))
+        await self._bind(peer, settings.peer_host, settings.peer_port, "peer", quiet_v6=False)
+        self.peer_bound.append((settings.peer_host, settings.peer_port))
+        log.info(
+            "listening local=%s peer=%s:%d",
+            ",".join(f"{h}:{p}" for h, p in self.local_bound),
+            settings.peer_host,
+            settings.peer_port,
+        )
+
+    async def close(self) -> None:
+        """Stop listening and cancel the rendezvous, within shutdown_grace_s."""
+        runners, self._runners = self._runners, []
+        for runner in reversed(runners):
+            await runner.cleanup()
+
+    async def _runner(self, app: web.Application) -> web.AppRunner:
+        runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            keepalive_timeout=KEEPALIVE_S,
+            shutdown_timeout=self.settings.shutdown_grace_s,
+        )
+        await runner.setup()
+        self._runners.append(runner)
+        return runner
+
+    async def _bind(
+        self, runner: web.AppRunner, host: str, port: int, api: str, *, quiet_v6: bool
+    ) -> bool:
+        site = web.TCPSite(runner, host, port, backlog=BACKLOG, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            if quiet_v6 and ":" in host and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                log.debug("ipv6_unavailable api=%s host=%s error=%s", api, host, exc)
+                return False
+            raise PortError(
+                f"cannot listen for the {api} API on {host}:{port}: {exc.strerror or exc}; "
+                f"free the port or choose another with RALLYPOINT_{api.upper()}_PORT"
+            ) from exc
+        return True

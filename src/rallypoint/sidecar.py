@@ -1,0 +1,307 @@
+"""Compose one sidecar (spec, resolver, held ports, rendezvous, listeners, mDNS) and run it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+from collections.abc import Collection, Mapping, Sequence
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from rallypoint import derive, netinfo, ports, providers, resolve, server
+from rallypoint.auth import Authenticator
+from rallypoint.errors import ClusterSpecError, PortError, RendezvousTimeout
+from rallypoint.metrics import Metrics
+from rallypoint.model import ClusterDoc, ClusterSpec, OverrideSource
+from rallypoint.rendezvous import PeerEndpoint, Rendezvous
+from rallypoint.resolve import Resolver
+from rallypoint.settings import Settings
+
+if TYPE_CHECKING:
+    from rallypoint.mdns import Mdns
+
+log = logging.getLogger(__name__)
+
+
+class Sidecar:
+    """Everything `rallypoint serve` runs, as one async context manager.
+
+    Several can run in one event loop (the in-process tests and the demo do): each gets its
+    own Settings (ports), registry, authenticator and state. ``spec``, ``addresses`` and
+    ``endpoint`` replace provider detection, interface discovery and the peer address
+    (host name + Settings.peer_port) when given.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        environ: Mapping[str, str],
+        *,
+        resolver: Resolver | None = None,
+        spec: ClusterSpec | None = None,
+        addresses: Sequence[str] | None = None,
+        endpoint: PeerEndpoint | None = None,
+        avoid_ports: Collection[int] = (),
+    ) -> None:
+        self.settings = settings
+        self.environ = dict(environ)
+        self._resolver = resolver
+        self._spec = spec
+        self._addresses = None if addresses is None else tuple(addresses)
+        self._endpoint = endpoint
+        self._avoid = frozenset(avoid_ports)
+        self._stack: AsyncExitStack | None = None
+        self._node: Rendezvous | None = None
+        self._mdns: Mdns | None = None
+        self._mdns_error: str | None = None
+        self._mdns_changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.listeners: server.Listeners | None = None
+        self.metrics = Metrics()
+
+    @property
+    def node(self) -> Rendezvous:
+        if self._node is None:
+            raise RuntimeError("the sidecar is not started")
+        return self._node
+
+    @property
+    def held_ports(self) -> list[int]:
+        return [held.port for held in self.node.held.values()]
+
+    async def __aenter__(self) -> Sidecar:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Reserve ports, bind both APIs and start the rendezvous; undone entirely on failure."""
+        stack = AsyncExitStack()
+        self._stack = stack
+        try:
+            await self._start(stack)
+        except BaseException:
+            self._stack = None
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await stack.aclose()
+            raise
+
+    async def _start(self, stack: AsyncExitStack) -> None:
+        settings = self.settings
+        resolver = self._resolver
+        if resolver is None:
+            resolver = await stack.enter_async_context(
+                resolve.SystemResolver(settings.resolve_workers)
+            )
+        user = derive.user_values(self.environ, settings.sets)
+        auth = Authenticator(settings.token)
+        if not auth.enabled:
+            log.warning(
+                "auth_disabled remedy=%s",
+                "set RALLYPOINT_TOKEN (or --token-file) to the same secret on every node",
+            )
+        spec = self._spec or providers.detect(self.environ, settings.provider)
+        addresses = (
+            self._addresses if self._addresses is not None else tuple(netinfo.local_addresses())
+        )
+        if settings.mdns:
+            await self._start_mdns(stack, spec, auth)
+        if not spec.hosts:
+            spec = await self._discover(spec, addresses)
+        held = self._reserve(spec, user)
+        for port in held.values():
+            stack.callback(port.close)
+        node = Rendezvous(
+            spec,
+            settings,
+            resolver=resolver,
+            auth=auth,
+            metrics=self.metrics,
+            addresses=addresses,
+            held=held,
+            user=user,
+            endpoint=self._endpoint,
+        )
+        if not auth.enabled:
+            node.static_warnings.append(
+                "peer messages are not authenticated: set RALLYPOINT_TOKEN on every node"
+            )
+        self._node = await stack.enter_async_context(node)
+        node.status_sections["mdns"] = self._mdns_status
+        if self._mdns is not None:
+            node.on_generation.append(self._announce_generation)
+            self._spawn(self._announce(spec.rank, "", addresses))
+        self.listeners = await stack.enter_async_context(server.Listeners(node, settings))
+
+    async def stop(self) -> None:
+        """Readiness 503 first, then the mDNS goodbye, then close everything within the grace."""
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        if self._node is not None:
+            self._node.begin_shutdown()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            async with asyncio.timeout(self.settings.shutdown_grace_s):
+                if self._mdns is not None:
+                    await self._mdns.close()
+                await stack.aclose()
+        except TimeoutError:
+            log.warning("shutdown_timeout grace_s=%g", self.settings.shutdown_grace_s)
+
+    # -- ports --------------------------------------------------------------------------
+
+    def _reserve(
+        self, spec: ClusterSpec, user: Mapping[str, tuple[str, OverrideSource]]
+    ) -> dict[str, ports.HeldPort]:
+        """Hold MASTER_PORT (master) and the TF worker port (when TF_CONFIG is served)."""
+        settings = self.settings
+        held: dict[str, ports.HeldPort] = {}
+        try:
+            if spec.is_master:
+                held["master"] = self._reserve_master(spec, user)
+            if "tf" in settings.frameworks:
+                avoid = set(self._avoid) | {p.port for p in held.values()}
+                held["tf"] = ports.reserve([settings.tf_port], settings.port_range, avoid=avoid)
+        except BaseException:
+            for port in held.values():
+                port.close()
+            raise
+        return held
+
+    def _reserve_master(
+        self, spec: ClusterSpec, user: Mapping[str, tuple[str, OverrideSource]]
+    ) -> ports.HeldPort:
+        settings = self.settings
+        if "MASTER_PORT" in user:
+            text, source = user["MASTER_PORT"]
+            wanted = int(text) if text.strip().isdigit() else None
+            if wanted is not None and 1 <= wanted <= 65535:
+                # The user's port must be exactly that port: never fall back to another.
+                try:
+                    return ports.reserve([wanted], (wanted, wanted), avoid=self._avoid)
+                except PortError as exc:
+                    raise PortError(
+                        f"MASTER_PORT={wanted} (from {source}) cannot be held on this node: "
+                        f"{exc}; free it or unset MASTER_PORT"
+                    ) from exc
+            # Not a port: derive reports override_invalid; reserve the usual way meanwhile.
+        preferred = [
+            p
+            for p in (settings.master_port, spec.preferred_port, settings.default_master_port)
+            if p is not None
+        ]
+        return ports.reserve(preferred, settings.port_range, avoid=self._avoid)
+
+    # -- mDNS ---------------------------------------------------------------------------
+
+    async def _start_mdns(
+        self, stack: AsyncExitStack, spec: ClusterSpec, auth: Authenticator
+    ) -> None:
+        """Start mDNS beside HTTP; any failure is logged and leaves HTTP working."""
+        if spec.hosts:
+            host = spec.host
+        else:
+            host = self.environ.get("HOSTNAME", "")
+            if not host:
+                raise ClusterSpecError("mDNS discovery needs this node's host name: set HOSTNAME")
+        try:
+            from rallypoint.mdns import Mdns
+
+            mdns = Mdns(
+                session=spec.session,
+                host=host,
+                peer_port=self.settings.peer_port,
+                auth=auth,
+                interfaces=self.settings.mdns_interfaces,
+                allowed_hosts=spec.hosts or None,
+                on_change=self._mdns_changed.set,
+            )
+            self._mdns = await stack.enter_async_context(mdns)
+        except Exception as exc:
+            self._mdns_error = f"{type(exc).__name__}: {exc}"
+            log.warning("mdns_failed error=%s remedy=%s", self._mdns_error, "HTTP still works")
+
+    async def _discover(self, spec: ClusterSpec, addresses: Sequence[str]) -> ClusterSpec:
+        """Fill an mdns spec's hosts and rank from announcements, within the deadline."""
+        mdns = self._mdns
+        host = self.environ.get("HOSTNAME", "")
+        if mdns is None or not getattr(mdns, "available", True):
+            raise ClusterSpecError(
+                f"RALLYPOINT_DISCOVERY=mdns but mDNS is unavailable ({self._mdns_error}); "
+                "use a provider with a host list on networks without multicast"
+            )
+        from rallypoint.mdns import assign_ranks
+
+        await mdns.announce(rank=-1, generation="", addresses=addresses)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.settings.deadline_s
+        while (hosts := assign_ranks(mdns.peers(), spec.nnodes)) is None:
+            remaining = end - loop.time()
+            if remaining <= 0:
+                seen = len(mdns.peers())
+                raise RendezvousTimeout(
+                    f"mDNS discovery saw {seen} of {spec.nnodes} nodes within "
+                    f"{self.settings.deadline_s:g}s; check multicast on the network"
+                )
+            self._mdns_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._mdns_changed.wait(), min(remaining, 1.0))
+        log.info("mdns_discovered hosts=%s", ",".join(hosts))
+        return dataclasses.replace(spec, hosts=hosts, rank=hosts.index(host))
+
+    def _announce_generation(self, doc: ClusterDoc) -> None:
+        self._spawn(self._announce(self.node.spec.rank, doc.generation, self.node.addresses))
+
+    async def _announce(self, rank: int, generation: str, addresses: Sequence[str]) -> None:
+        if self._mdns is None:
+            return
+        try:
+            await self._mdns.announce(rank=rank, generation=generation, addresses=addresses)
+        except Exception as exc:
+            log.warning("mdns_announce_failed error=%r", exc)
+
+    def _mdns_status(self) -> object:
+        if self._mdns is None:
+            return {"enabled": self.settings.mdns, "error": self._mdns_error}
+        return {"enabled": True, "error": self._mdns_error, **self._mdns.status()}
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[Any] = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+async def run(
+    settings: Settings, environ: Mapping[str, str], *, resolver: Resolver | None = None
+) -> None:
+    """Serve until SIGTERM/SIGINT (or cancellation): readiness 503 first, then exit."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    try:
+        async with Sidecar(settings, environ, resolver=resolver):
+            await stop.wait()
+            log.info("shutdown_requested")
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

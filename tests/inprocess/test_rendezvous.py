@@ -1,0 +1,419 @@
+"""Several sidecars in one event loop on loopback ports, each with its own in-memory resolver.
+
+Peer addressing: every node's name resolves (in its own FakeResolver) to a documentation
+address 198.51.100.x, and the endpoint seam maps (host, address) to 127.0.0.1 and that
+host's own peer port, so resolution verdicts stay realistic while traffic stays on loopback.
+One test uses the plain scheme instead (names -> 127.0.0.x, one shared peer port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+
+import aiohttp
+import pytest
+
+from rallypoint.auth import Authenticator
+from rallypoint.errors import PortError
+from rallypoint.model import ClusterSpec
+from rallypoint.settings import Settings
+from rallypoint.sidecar import Sidecar
+from tests.fakes import FakeResolver
+
+SESSION = "sess-1"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now on ``host`` (test plumbing only; production holds its ports)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def base_settings(**changes: object) -> Settings:
+    settings = Settings(
+        local_hosts=("127.0.0.1",),
+        peer_host="127.0.0.1",
+        deadline_s=20.0,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.2,
+        long_poll_s=2.0,
+        resolve_timeout_s=1.0,
+        shutdown_grace_s=2.0,
+        mdns=False,
+    )
+    return replace(settings, **changes)  # type: ignore[arg-type]
+
+
+@dataclass
+class Cluster:
+    """N nodes of one session; start and stop each at will."""
+
+    n: int
+    token: str | None = None
+    per_node: dict[int, dict[str, object]] = field(default_factory=dict)
+    hosts: tuple[str, ...] = ()
+    resolvers: list[FakeResolver] = field(default_factory=list)
+    peer_ports: dict[str, int] = field(default_factory=dict)
+    local_ports: dict[int, int] = field(default_factory=dict)
+    nodes: dict[int, Sidecar] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.hosts = tuple(f"node{r}" for r in range(self.n))
+        table = {h: [address(r)] for r, h in enumerate(self.hosts)}
+        self.resolvers = [FakeResolver(table) for _ in range(self.n)]
+        self.peer_ports = {h: free_port() for h in self.hosts}
+        self.local_ports = {r: free_port() for r in range(self.n)}
+
+    def endpoint(self, host: str, _address: str) -> tuple[str, int]:
+        return "127.0.0.1", self.peer_ports[host]
+
+    def settings(self, rank: int) -> Settings:
+        changes: dict[str, object] = {
+            "local_port": self.local_ports[rank],
+            "peer_port": self.peer_ports[self.hosts[rank]],
+            "token": self.token,
+        }
+        changes.update(self.per_node.get(rank, {}))
+        return base_settings(**changes)
+
+    async def start(self, rank: int) -> Sidecar:
+        spec = ClusterSpec("explicit", self.hosts, rank, self.n, SESSION)
+        sidecar = Sidecar(
+            self.settings(rank),
+            {},
+            resolver=self.resolvers[rank],
+            spec=spec,
+            addresses=[address(rank)],
+            endpoint=self.endpoint,
+        )
+        await sidecar.start()
+        self.nodes[rank] = sidecar
+        return sidecar
+
+    async def stop(self, rank: int) -> None:
+        await self.nodes.pop(rank).stop()
+
+    async def close(self) -> None:
+        for rank in sorted(self.nodes, reverse=True):
+            await self.stop(rank)
+
+    def peer_url(self, rank: int, path: str) -> str:
+        return f"http://127.0.0.1:{self.peer_ports[self.hosts[rank]]}{path}"
+
+    def local_url(self, rank: int, path: str) -> str:
+        return f"http://127.0.0.1:{self.local_ports[rank]}{path}"
+
+
+def address(rank: int) -> str:
+    return f"198.51.100.{rank + 10}"
+
+
+@asynccontextmanager
+async def cluster(n: int, **kwargs: object) -> AsyncIterator[Cluster]:
+    c = Cluster(n, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def start_all(c: Cluster) -> None:
+    for rank in range(c.n):
+        await c.start(rank)
+
+
+async def all_ready(c: Cluster, timeout_s: float = 20.0) -> None:
+    results = await asyncio.gather(*(s.node.wait_ready(timeout_s) for s in c.nodes.values()))
+    not_ready = {
+        r: [x.as_json() for x in s.node.reasons()]
+        for (r, s), ok in zip(c.nodes.items(), results, strict=True)
+        if not ok
+    }
+    assert not not_ready, not_ready
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Poll ``predicate`` (no timing assertion: the timeout only stops a hung test)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < end, "condition never held"
+        await asyncio.sleep(0.01)
+
+
+def codes(sidecar: Sidecar) -> set[str]:
+    return {r.code for r in sidecar.node.reasons()}
+
+
+async def test_three_nodes_agree_on_the_rendezvous() -> None:
+    async with cluster(3) as c:
+        await start_all(c)
+        await all_ready(c)
+        envs = {r: s.node.env.as_dict() for r, s in c.nodes.items() if s.node.env}
+        master_port = c.nodes[0].node.held["master"].port
+        for rank, env in envs.items():
+            assert env["NODE_RANK"] == str(rank)
+            assert env["RANK"] == str(rank)
+            assert env["MASTER_ADDR"] == "node0"
+            assert env["MASTER_PORT"] == str(master_port)
+            assert env["WORLD_SIZE"] == "3"
+            tf = json.loads(env["TF_CONFIG"])
+            assert tf["task"] == {"type": "worker", "index": rank}
+        clusters = {json.dumps(json.loads(e["TF_CONFIG"])["cluster"]) for e in envs.values()}
+        assert len(clusters) == 1
+        workers = json.loads(next(iter(clusters)))["worker"]
+        tf_ports = [c.nodes[r].node.held["tf"].port for r in range(3)]
+        assert workers == [f"node{r}:{tf_ports[r]}" for r in range(3)]
+        generations = {s.node.generation for s in c.nodes.values()}
+        assert len(generations) == 1 and None not in generations
+
+
+async def test_names_on_127_addresses_with_one_peer_port() -> None:
+    """The plain scheme: names -> 127.0.0.x, one peer port, each node on its own address."""
+    hosts = ("a0", "a1", "a2")
+    resolver = FakeResolver({h: [f"127.0.0.{r + 2}"] for r, h in enumerate(hosts)})
+    peer_port = free_port("127.0.0.2")
+    sidecars = []
+    try:
+        for rank in range(len(hosts)):
+            settings = base_settings(
+                local_hosts=(), peer_host=f"127.0.0.{rank + 2}", peer_port=peer_port
+            )
+            spec = ClusterSpec("explicit", hosts, rank, 3, SESSION, loopback_ok=True)
+            sidecar = Sidecar(
+                settings, {}, resolver=resolver, spec=spec, addresses=[f"127.0.0.{rank + 2}"]
+            )
+            await sidecar.start()
+            sidecars.append(sidecar)
+        assert all(await asyncio.gather(*(s.node.wait_ready(20) for s in sidecars)))
+        assert {s.node.env.get("MASTER_ADDR") for s in sidecars if s.node.env} == {"a0"}
+    finally:
+        for sidecar in reversed(sidecars):
+            await sidecar.stop()
+
+
+@pytest.mark.parametrize(
+    ("answers", "strict_self", "code"),
+    [
+        ({"node1": None}, False, "resolve_failed"),
+        ({"node1": ["127.0.1.1"]}, False, "loopback_peer"),
+        ({"node1": ["198.51.100.99"]}, False, "address_mismatch"),
+        ({"node2": ["127.0.1.1"]}, True, "strict_self"),
+    ],
+    ids=["not-found", "loopback-peer", "mismatch", "strict-self"],
+)
+async def test_resolution_failures_keep_the_node_not_ready(
+    answers: dict[str, list[str] | None], strict_self: bool, code: str
+) -> None:
+    async with cluster(3, per_node={2: {"strict_self": strict_self}}) as c:
+        for host, answer in answers.items():
+            if answer is None:
+                c.resolvers[2].remove(host)
+            else:
+                c.resolvers[2].set(host, answer)
+        await start_all(c)
+        await asyncio.gather(c.nodes[0].node.wait_ready(20), c.nodes[1].node.wait_ready(20))
+        await until(lambda: code in codes(c.nodes[2]))
+        node = c.nodes[2].node
+        assert not node.ready
+        reason = next(r for r in node.reasons() if r.code == code)
+        assert reason.host == next(iter(answers))
+        async with aiohttp.ClientSession() as http, http.get(c.local_url(2, "/env")) as resp:
+            assert resp.status == 503
+            body = await resp.json()
+        assert code in {r["code"] for r in body["reasons"]}
+
+
+async def test_own_name_on_loopback_is_a_warning() -> None:
+    async with cluster(3) as c:
+        c.resolvers[2].set("node2", ["127.0.1.1"])
+        await start_all(c)
+        await all_ready(c)
+        warnings = c.nodes[2].node.warnings()
+        assert any("node2" in w and "loopback" in w for w in warnings)
+        assert c.nodes[2].node.status()["warnings"] == warnings
+        assert not any("loopback" in w for w in c.nodes[1].node.warnings())
+
+
+async def test_peer_name_that_appears_late() -> None:
+    async with cluster(3) as c:
+        c.resolvers[2].set("node1", [address(1)], appear_after=3)
+        await start_all(c)
+        await all_ready(c)
+        peer = c.nodes[2].node.peers[1]
+        assert peer.resolution is not None and peer.resolution.verdict == "ok"
+        assert c.resolvers[2].calls["node1"] > 3
+
+
+async def test_master_restart_is_picked_up_by_workers() -> None:
+    async with cluster(3) as c:
+        await start_all(c)
+        await all_ready(c)
+        old = c.nodes[1].node.generation
+        await c.stop(0)
+        await c.start(0)
+        await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
+        await all_ready(c)
+        new = {s.node.generation for s in c.nodes.values()}
+        assert len(new) == 1 and old not in new
+        for rank in (1, 2):
+            metrics = c.nodes[rank].metrics
+            assert metrics.value("rallypoint_ready_transitions_total", to="not_ready") >= 1
+            assert metrics.value("rallypoint_ready_transitions_total", to="ready") >= 2
+
+
+async def test_a_late_master_pokes_waiting_workers() -> None:
+    """Workers whose backoff pause is an hour become ready: only the poke can wake them."""
+    slow = {"backoff_initial_s": 3600.0, "backoff_max_s": 3600.0}
+    async with cluster(3, per_node={1: slow, 2: slow}) as c:
+        await c.start(1)
+        await c.start(2)
+        await until(
+            lambda: all(
+                c.nodes[r].metrics.value(
+                    "rallypoint_join_attempts_total", result="master_unreachable"
+                )
+                >= 1
+                for r in (1, 2)
+            )
+        )
+        await c.start(0)
+        await all_ready(c, timeout_s=60)
+        for rank in (1, 2):
+            assert c.nodes[rank].metrics.value("rallypoint_pokes_received_total") >= 1
+
+
+async def test_a_late_worker_joins_on_its_first_attempt() -> None:
+    async with cluster(3) as c:
+        await c.start(0)
+        await c.start(1)
+        await until(lambda: c.nodes[0].node.peers[1].joined)
+        assert not c.nodes[0].node.ready
+        assert codes(c.nodes[0]) == {"waiting_for_join"}
+        assert c.nodes[0].node.reasons()[0].ranks == (2,)
+        await c.start(2)
+        await all_ready(c)
+        metrics = c.nodes[2].metrics
+        assert metrics.value("rallypoint_join_attempts_total", result="accepted") == 1
+        assert metrics.value("rallypoint_join_attempts_total", result="master_unreachable") == 0
+
+
+def _join_body(rank: int, host: str, session: str = SESSION) -> bytes:
+    body = {"session": session, "rank": rank, "host": host, "addresses": [], "tf_port": None}
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    ("signer", "replay", "reason"),
+    [
+        (None, False, "unsigned"),
+        ("wrong-secret", False, "bad_signature"),
+        ("s3cret", True, "replayed"),
+    ],
+    ids=["unsigned", "wrong-token", "replayed"],
+)
+async def test_bad_signatures_are_rejected_and_counted(
+    signer: str | None, replay: bool, reason: str
+) -> None:
+    async with cluster(2, token="s3cret") as c:
+        await start_all(c)
+        await all_ready(c)
+        body = _join_body(1, "node1")
+        headers = {"Content-Type": "application/json"}
+        if signer is not None:
+            headers.update(Authenticator(signer).sign("POST /v1/join", body))
+        async with aiohttp.ClientSession() as http:
+            url = c.peer_url(0, "/v1/join")
+            if replay:
+                async with http.post(url, data=body, headers=headers) as first:
+                    assert first.status == 200
+            async with http.post(url, data=body, headers=headers) as resp:
+                assert resp.status == 401
+                assert (await resp.json())["code"] == "auth_failed"
+        metrics = c.nodes[0].metrics
+        assert metrics.value("rallypoint_auth_failures_total", reason=reason) == 1
+
+
+async def test_a_worker_with_the_wrong_token_is_not_ready() -> None:
+    async with cluster(2, token="s3cret", per_node={1: {"token": "other"}}) as c:
+        await start_all(c)
+        await until(lambda: "auth_failed" in codes(c.nodes[1]))
+        assert not c.nodes[0].node.ready
+        assert c.nodes[0].metrics.value("rallypoint_auth_failures_total", reason="bad_signature")
+
+
+@pytest.mark.parametrize(
+    ("rank", "host", "session", "status", "code"),
+    [
+        (1, "evil", SESSION, 403, "impostor"),
+        (1, "node1", "other-session", 409, "session_mismatch"),
+        (5, "node5", SESSION, 400, "rank_out_of_range"),
+    ],
+)
+async def test_master_refuses_foreign_joins(
+    rank: int, host: str, session: str, status: int, code: str
+) -> None:
+    async with cluster(2) as c:
+        await c.start(0)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(c.peer_url(0, "/v1/join"), data=_join_body(rank, host, session)) as resp,
+        ):
+            assert resp.status == status
+            assert (await resp.json())["code"] == code
+        assert not c.nodes[0].node.peers[1].joined
+        assert c.nodes[0].metrics.value("rallypoint_joins_total", result="rejected") == 1
+
+
+async def test_a_worker_refuses_joins() -> None:
+    async with cluster(2) as c:
+        await c.start(1)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(c.peer_url(1, "/v1/join"), data=_join_body(1, "node1")) as resp,
+        ):
+            assert resp.status == 409
+            assert (await resp.json())["code"] == "not_master"
+
+
+async def test_a_taken_preferred_port_is_skipped_and_reported() -> None:
+    with socket.socket() as thief:
+        thief.bind(("0.0.0.0", 0))
+        taken = int(thief.getsockname()[1])
+        async with cluster(2, per_node={0: {"master_port": taken}}) as c:
+            await start_all(c)
+            await all_ready(c)
+            ports = c.nodes[0].node.status()["ports"]
+            master = ports["master"]  # type: ignore[index]
+            assert master["port"] != taken
+            assert [s["port"] for s in master["skipped"]][:1] == [taken]
+            env = c.nodes[1].node.env
+            assert env is not None and env.get("MASTER_PORT") == str(master["port"])
+
+
+async def test_a_taken_user_master_port_is_an_error() -> None:
+    with socket.socket() as thief:
+        thief.bind(("0.0.0.0", 0))
+        taken = int(thief.getsockname()[1])
+        settings = base_settings(local_port=free_port(), peer_port=free_port())
+        spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
+        sidecar = Sidecar(settings, {"MASTER_PORT": str(taken)}, resolver=FakeResolver(), spec=spec)
+        with pytest.raises(PortError, match=f"MASTER_PORT={taken}"):
+            await sidecar.start()
+
+
+async def test_shutdown_turns_readiness_off_first() -> None:
+    async with cluster(1) as c:
+        c.resolvers[0].set("node0", ["127.0.1.1"])
+        sidecar = await c.start(0)
+        await all_ready(c)
+        sidecar.node.begin_shutdown()
+        assert codes(sidecar) == {"shutting_down"}
+        async with aiohttp.ClientSession() as http, http.get(c.local_url(0, "/readyz")) as resp:
+            assert resp.status == 503

@@ -1,0 +1,316 @@
+"""Both APIs through aiohttp's test client; every answer is checked against docs/openapi.yaml."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+import yaml  # type: ignore[import-untyped]
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient
+
+from rallypoint import netinfo, ports, server, wire
+from rallypoint.auth import Authenticator
+from rallypoint.metrics import Metrics
+from rallypoint.model import ClusterSpec, Member
+from rallypoint.rendezvous import Rendezvous
+from rallypoint.settings import Settings
+from rallypoint.sidecar import Sidecar
+from tests.conftest import require
+from tests.fakes import FakeResolver
+
+OPENAPI = yaml.safe_load(
+    (Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml").read_text()
+)
+SESSION = "sess-api"
+HOSTS = ("node0", "node1")
+Client = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+
+def test_openapi_schemas_are_valid_json_schema() -> None:
+    assert OPENAPI["openapi"].startswith("3.1")
+    for schema in OPENAPI["components"]["schemas"].values():
+        jsonschema.Draft202012Validator.check_schema(schema)
+
+
+async def checked(resp: ClientResponse, method: str, path: str) -> bytes:
+    """The body, after checking status, content type and JSON body against the document."""
+    body = await resp.read()
+    operation = OPENAPI["paths"][path][method.lower()]
+    declared = operation["responses"].get(str(resp.status))
+    assert declared is not None, f"{method} {path} -> {resp.status} is not documented"
+    if "$ref" in declared:
+        declared = OPENAPI["components"]["responses"][declared["$ref"].rsplit("/", 1)[1]]
+    content = declared.get("content")
+    if not content:
+        assert not body, f"{method} {path} -> {resp.status} documents no body"
+        return body
+    media = resp.content_type
+    assert media in content, f"{method} {path} -> {resp.status}: {media} not documented"
+    schema = dict(content[media]["schema"], components=OPENAPI["components"])
+    value: object = json.loads(body) if media == "application/json" else body.decode()
+    jsonschema.validate(value, schema, cls=jsonschema.Draft202012Validator)
+    return body
+
+
+@pytest.fixture
+async def make_node() -> AsyncIterator[Callable[..., Awaitable[Rendezvous]]]:
+    made: list[tuple[Rendezvous, list[ports.HeldPort]]] = []
+
+    async def make(nnodes: int = 1, token: str | None = None, **changes: Any) -> Rendezvous:
+        values: dict[str, Any] = {
+            "deadline_s": 20.0,
+            "long_poll_s": 5.0,
+            "backoff_initial_s": 0.01,
+            "backoff_max_s": 0.1,
+            "resolve_timeout_s": 1.0,
+            "mdns": False,
+        }
+        values.update(changes)
+        settings = Settings(token=token, **values)
+        spec = ClusterSpec("explicit", HOSTS[:nnodes], 0, nnodes, SESSION, loopback_ok=True)
+        held = {
+            "master": ports.reserve([], settings.port_range),
+            "tf": ports.reserve([], settings.port_range),
+        }
+        resolver = FakeResolver({"node0": ["127.0.0.1"], "node1": ["127.0.0.2"]})
+        node = Rendezvous(
+            spec,
+            settings,
+            resolver=resolver,
+            auth=Authenticator(token),
+            metrics=Metrics(),
+            addresses=["127.0.0.1"],
+            held=held,
+            user={},
+        )
+        await node.__aenter__()
+        made.append((node, list(held.values())))
+        return node
+
+    yield make
+    for node, held in made:
+        await node.close()
+        for port in held:
+            port.close()
+
+
+def join_body(session: str = SESSION, host: str = "node1") -> bytes:
+    return wire.encode_join(wire.JoinRequest(session, Member(1, host, ("127.0.0.2",), 2300)))
+
+
+@pytest.mark.parametrize("fmt", ["json", "sh", "dotenv"])
+async def test_env_when_ready(
+    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]], fmt: str
+) -> None:
+    node = await make_node()
+    await aiohttp_client(server.peer_app(node))
+    local = await aiohttp_client(server.local_app(node))
+    assert await node.wait_ready(20)
+    resp = await local.get("/env", params={"format": fmt})
+    assert resp.status == 200
+    body = (await checked(resp, "GET", "/env")).decode()
+    assert resp.headers["X-Rallypoint-Generation"] == node.generation
+    master_port = str(node.held["master"].port)
+    expected = {
+        "json": f'"MASTER_PORT": "{master_port}"',
+        "sh": f"export MASTER_PORT={master_port}",
+        "dotenv": f"MASTER_PORT={master_port}",
+    }[fmt]
+    assert expected in body
+
+
+async def test_env_not_ready_then_wait_until_a_join(
+    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
+) -> None:
+    node = await make_node(nnodes=2)
+    peer = await aiohttp_client(server.peer_app(node))
+    local = await aiohttp_client(server.local_app(node))
+    await asyncio.sleep(0)
+    resp = await local.get("/env")
+    assert resp.status == 503
+    body = json.loads(await checked(resp, "GET", "/env"))
+    assert body["reasons"][0]["code"] == "waiting_for_join"
+    assert body["reasons"][0]["ranks"] == [1]
+    resp = await local.get("/readyz")
+    assert resp.status == 503
+    assert (await checked(resp, "GET", "/readyz")).startswith(b"not ready: waiting_for_join")
+
+    waiting = asyncio.ensure_future(local.get("/env", params={"wait": "60"}))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    join = await peer.post("/v1/join", data=join_body())
+    assert join.status == 200
+    answer = wire.parse_join_answer(await checked(join, "POST", "/v1/join"))
+    assert answer.joined == 2 and answer.epoch == node.epoch
+    resp = await waiting
+    assert resp.status == 200
+    env = json.loads(await checked(resp, "GET", "/env"))
+    assert env["WORLD_SIZE"] == "2"
+    resp = await local.get("/readyz")
+    assert (await checked(resp, "GET", "/readyz")) == b"ready\n"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"format": "xml"},
+        {"wait": "soon"},
+        {"wait": "-1"},
+        {"wait": "nan"},
+        {"wait": "inf"},
+        {"verbose": "1"},
+        [("format", "json"), ("format", "sh")],
+    ],
+    ids=["format", "wait-text", "wait-negative", "wait-nan", "wait-inf", "unknown", "twice"],
+)
+async def test_env_bad_parameters(
+    aiohttp_client: Client,
+    make_node: Callable[..., Awaitable[Rendezvous]],
+    query: dict[str, str] | list[tuple[str, str]],
+) -> None:
+    node = await make_node()
+    local = await aiohttp_client(server.local_app(node))
+    resp = await local.get("/env", params=query)
+    assert resp.status == 400
+    body = await checked(resp, "GET", "/env")
+    assert b"\n" not in body.strip()
+    assert json.loads(body)["error"]
+
+
+async def test_livez_status_and_metrics(
+    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
+) -> None:
+    node = await make_node()
+    await aiohttp_client(server.peer_app(node))
+    local = await aiohttp_client(server.local_app(node))
+    assert await node.wait_ready(20)
+    resp = await local.get("/livez")
+    assert await checked(resp, "GET", "/livez") == b"ok\n"
+    resp = await local.get("/status")
+    status = json.loads(await checked(resp, "GET", "/status"))
+    assert status["ready"] is True and status["role"] == "master"
+    assert status["ports"]["master"]["port"] == node.held["master"].port
+    assert status["peers"][0]["verdict"] == "loopback"
+    resp = await local.get("/metrics")
+    text = (await checked(resp, "GET", "/metrics")).decode()
+    assert "rallypoint_ready 1.0" in text
+    assert 'rallypoint_http_requests_total{api="local",route="/status",status="200"} 1.0' in text
+
+
+async def test_peer_ready_cluster_and_poke(
+    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
+) -> None:
+    node = await make_node(nnodes=2, long_poll_s=0.2)
+    peer = await aiohttp_client(server.peer_app(node))
+    resp = await peer.get("/v1/ready")
+    assert json.loads(await checked(resp, "GET", "/v1/ready")) == {"ready": False}
+    resp = await peer.get("/v1/cluster")
+    assert resp.status == 204
+    await checked(resp, "GET", "/v1/cluster")
+    resp = await peer.post("/v1/join", data=join_body())
+    await checked(resp, "POST", "/v1/join")
+    resp = await peer.get("/v1/cluster")
+    doc = wire.parse_cluster_doc(await checked(resp, "GET", "/v1/cluster"))
+    assert doc.generation == node.generation and doc.master_port == node.held["master"].port
+    resp = await peer.get("/v1/cluster", params={"after": doc.generation})
+    assert resp.status == 204
+    poke = wire.encode_poke(wire.Poke(SESSION, "abc"))
+    resp = await peer.post("/v1/poke", data=poke)
+    assert resp.status == 204
+    await checked(resp, "POST", "/v1/poke")
+    assert node.metrics.value("rallypoint_pokes_received_total") == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "data", "params", "status"),
+    [
+        ("POST", "/v1/join", b"{not json", None, 400),
+        ("POST", "/v1/join", b"[]", None, 400),
+        ("POST", "/v1/join", join_body(host="evil"), None, 403),
+        ("POST", "/v1/join", join_body(session="other"), None, 409),
+        ("POST", "/v1/join", b"x" * (server.PEER_MAX_BYTES + 1), None, 413),
+        ("GET", "/v1/cluster", None, {"after": "no spaces"}, 400),
+        ("POST", "/v1/poke", wire.encode_poke(wire.Poke("other", "abc")), None, 409),
+        ("POST", "/v1/poke", b'{"session": 1}', None, 400),
+    ],
+    ids=[
+        "join-json",
+        "join-shape",
+        "impostor",
+        "session",
+        "too-large",
+        "after",
+        "poke-session",
+        "poke-shape",
+    ],
+)
+async def test_peer_rejections(
+    aiohttp_client: Client,
+    make_node: Callable[..., Awaitable[Rendezvous]],
+    method: str,
+    path: str,
+    data: bytes | None,
+    params: dict[str, str] | None,
+    status: int,
+) -> None:
+    node = await make_node(nnodes=2, long_poll_s=0.2)
+    peer = await aiohttp_client(server.peer_app(node))
+    resp = await peer.request(method, path, data=data, params=params)
+    assert resp.status == status
+    await checked(resp, method, path)
+
+
+async def test_peer_requests_need_a_signature_when_a_token_is_set(
+    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
+) -> None:
+    node = await make_node(nnodes=2, token="t0ken", long_poll_s=0.2)
+    peer = await aiohttp_client(server.peer_app(node))
+    signer = Authenticator("t0ken")
+    for path in ("/v1/ready", "/v1/cluster"):
+        resp = await peer.get(path)
+        assert resp.status == 401
+        await checked(resp, "GET", path)
+    resp = await peer.get("/v1/ready", headers=signer.sign("GET /v1/ready", b""))
+    assert json.loads(await checked(resp, "GET", "/v1/ready")) == {"ready": False}
+    body = join_body()
+    resp = await peer.post("/v1/join", data=body, headers=signer.sign("POST /v1/join", body))
+    payload = await checked(resp, "POST", "/v1/join")
+    signer.verify("200 /v1/join", payload, resp.headers)
+    assert node.metrics.value("rallypoint_auth_failures_total", reason="unsigned") == 2
+
+
+async def test_local_api_is_not_reachable_on_other_addresses() -> None:
+    others = netinfo.local_addresses()
+    require(bool(others), "this host has no non-loopback address")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        local_port = int(probe.getsockname()[1])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        peer_port = int(probe.getsockname()[1])
+    settings = Settings(
+        local_port=local_port,
+        peer_host="127.0.0.1",
+        peer_port=peer_port,
+        mdns=False,
+        deadline_s=20.0,
+    )
+    spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
+    resolver = FakeResolver({"node0": ["127.0.0.1"]})
+    async with Sidecar(settings, {}, resolver=resolver, spec=spec, addresses=[]) as sidecar:
+        assert await sidecar.node.wait_ready(20)
+        assert sidecar.listeners is not None
+        assert ("127.0.0.1", local_port) in sidecar.listeners.local_bound
+        _, writer = await asyncio.open_connection("127.0.0.1", local_port)
+        writer.close()
+        for address in others:
+            with pytest.raises(OSError):
+                _, writer = await asyncio.open_connection(address, local_port)
+                writer.close()

@@ -1,0 +1,158 @@
+"""wire.py: peer messages round-trip, and anything else is a PeerMessageError naming the field."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rallypoint import wire
+from rallypoint.errors import PeerMessageError
+from rallypoint.model import ClusterDoc, Member
+
+MEMBERS = (
+    Member(0, "node0", ("10.0.0.1",), 2222),
+    Member(1, "node1.example.com", ("10.0.0.2", "fd00::2"), None),
+)
+DOC = ClusterDoc("sess", "abc.1", "node0", 29500, MEMBERS)
+
+
+def doc_json(**changes: object) -> bytes:
+    data = json.loads(wire.encode_cluster_doc(DOC))
+    data.update(changes)
+    return json.dumps(data).encode()
+
+
+def join_json(**changes: object) -> bytes:
+    data: dict[str, object] = {
+        "session": "sess",
+        "rank": 1,
+        "host": "node1",
+        "addresses": ["10.0.0.2"],
+        "tf_port": 2222,
+    }
+    data.update(changes)
+    return json.dumps(data).encode()
+
+
+def test_round_trips() -> None:
+    assert wire.parse_cluster_doc(wire.encode_cluster_doc(DOC)) == DOC
+    request = wire.JoinRequest("sess", MEMBERS[1], "abc.1")
+    assert wire.parse_join(wire.encode_join(request)) == request
+    answer = wire.JoinAnswer("sess", "abc", None, 1, 2)
+    assert wire.parse_join_answer(wire.encode_join_answer(answer)) == answer
+    poke = wire.Poke("sess", "abc")
+    assert wire.parse_poke(wire.encode_poke(poke)) == poke
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b"", "not JSON"),
+        (b"[1]", "JSON object"),
+        (b"\xff", "not JSON"),
+        (b"[" * 5000, "not JSON"),
+        (join_json(session=""), "session"),
+        (join_json(session="has space"), "session"),
+        (join_json(rank=True), "rank"),
+        (join_json(rank=-1), "rank"),
+        (join_json(rank="1"), "rank"),
+        (join_json(host="bad_host!"), "host"),
+        (join_json(host="-leading"), "host"),
+        (join_json(host="a" * 254), "host"),
+        (join_json(addresses="10.0.0.2"), "addresses"),
+        (join_json(addresses=["10.0.0.256"]), "addresses[0]"),
+        (join_json(addresses=["10.0.0.1"] * 65), "addresses"),
+        (join_json(tf_port=0), "tf_port"),
+        (join_json(tf_port=65536), "tf_port"),
+        (join_json(generation_seen="has space"), "generation_seen"),
+        (join_json(generation_seen="x" * 65), "generation_seen"),
+        (b" " * (wire.MAX_JOIN_BYTES + 1), "over the limit"),
+    ],
+)
+def test_bad_join_bodies(body: bytes, field: str) -> None:
+    with pytest.raises(PeerMessageError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        wire.parse_join(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (doc_json(members=[]), "members"),
+        (doc_json(members=[{"rank": 1, "host": "x", "addresses": []}]), "expected 0"),
+        (doc_json(members=["x"]), r"members\[0\] is not an object"),
+        (doc_json(master_host="node1"), "master_host"),
+        (doc_json(master_port=0), "master_port"),
+        (doc_json(generation=""), "generation"),
+        (
+            doc_json(
+                members=[
+                    {"rank": 0, "host": "a", "addresses": []},
+                    {"rank": 1, "host": "A", "addresses": []},
+                ],
+                master_host="a",
+            ),
+            "twice",
+        ),
+    ],
+)
+def test_bad_cluster_documents(body: bytes, field: str) -> None:
+    with pytest.raises(PeerMessageError, match=field):
+        wire.parse_cluster_doc(body)
+
+
+@pytest.mark.parametrize(
+    ("value", "canonical"),
+    [("10.0.0.1", "10.0.0.1"), ("FD00:0:0::2", "fd00::2"), ("::ffff:10.0.0.1", "::ffff:a00:1")],
+)
+def test_addresses_are_canonical(value: str, canonical: str) -> None:
+    assert wire.address(value) == canonical
+
+
+@pytest.mark.parametrize("host", ["node1", "gpu-01.cluster.local", "10.0.0.1", "fd00::1", "a_b"])
+def test_host_names_accepted(host: str) -> None:
+    assert wire.host_name(host)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200)
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "session",
+                    "rank",
+                    "host",
+                    "addresses",
+                    "tf_port",
+                    "epoch",
+                    "generation",
+                    "joined",
+                    "nnodes",
+                    "members",
+                    "master_host",
+                    "master_port",
+                ]
+            ),
+            json_values,
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)
+def test_parsers_never_crash(body: bytes) -> None:
+    for parse in (wire.parse_join, wire.parse_join_answer, wire.parse_poke, wire.parse_cluster_doc):
+        with contextlib.suppress(PeerMessageError):
+            parse(body)
