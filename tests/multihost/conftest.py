@@ -1,0 +1,99 @@
+"""Fixtures for tier 3: namespace clusters that are torn down whatever the test does."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+from tests.multihost import harness
+
+#: Small timings so that every scenario finishes in seconds; scenarios add their own flags.
+FAST_ARGS = (
+    "--deadline", "25",
+    "--backoff-initial", "0.05",
+    "--backoff-max", "0.5",
+    "--long-poll", "5",
+    "--resolve-timeout", "2",
+)  # fmt: skip
+#: The session secret every sidecar of a test cluster shares (peer messages are signed).
+TOKEN = "multihost-test-secret"
+#: Backend.AI lists hosts in no promised order; the master is listed second on purpose.
+HOSTS = ("sub1", "main1", "sub2")
+
+MakeCluster = harness.MakeCluster
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember each phase's outcome on the item, so fixtures can dump logs on failure."""
+    report = yield
+    setattr(item, f"rp_report_{report.when}", report)
+    return report
+
+
+@pytest.fixture(scope="session")
+def netns_session() -> Iterator[str | None]:
+    """Check the prerequisites once (the reason they fail, or None) and sweep dead runs."""
+    reason = harness.prerequisites()
+    if reason is None:
+        harness.sweep_stale()
+    yield reason
+    harness.close_all()
+
+
+@pytest.fixture
+def make_cluster(
+    netns_session: str | None, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[MakeCluster]:
+    """Factory: make_cluster(hosts=HOSTS, args=(), env=None) -> an up Cluster (closed after)."""
+    require(netns_session is None, f"multi-host tier: {netns_session}")
+    made: list[harness.Cluster] = []
+
+    def make(
+        hosts: Sequence[str] = HOSTS,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> harness.Cluster:
+        extra = {"RALLYPOINT_TOKEN": TOKEN, **(env or {})}
+        cluster = harness.Cluster(
+            hosts,
+            tmp_path / f"cluster{len(made)}",
+            sidecar_args=(*FAST_ARGS, *args),
+            sidecar_env=extra,
+        )
+        made.append(cluster)
+        cluster.up()
+        return cluster
+
+    yield make
+    failed = any(
+        getattr(getattr(request.node, f"rp_report_{when}", None), "failed", False)
+        for when in ("setup", "call")
+    )
+    for cluster in made:
+        if failed:
+            print(f"==== logs of {cluster.id} ({cluster.workdir})")
+            print(cluster.logs())
+        cluster.close()
+
+
+@pytest.fixture
+def cluster(make_cluster: MakeCluster) -> harness.Cluster:
+    """The default three-node Backend.AI cluster, sidecars not started yet."""
+    return make_cluster()
+
+
+@pytest.fixture
+def torch_script() -> Path:
+    """The real-client script; requires PyTorch (pip install torch==2.13.0)."""
+    require(
+        importlib.util.find_spec("torch") is not None,
+        "PyTorch is not installed (pip install torch==2.13.0)",
+    )
+    return Path(__file__).with_name("torch_allreduce.py")

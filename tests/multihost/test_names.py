@@ -1,0 +1,88 @@
+"""Name faults injected through one node's hosts file: late names, names on loopback."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.multihost import harness
+
+pytestmark = pytest.mark.multihost
+
+READY_S = 30.0
+#: How long a fault is held before it is repaired: long enough to see the node refuse.
+FAULT_S = 4.0
+
+
+def _not_ready_naming(node: harness.Node, *needles: str, timeout_s: float = 15.0) -> str:
+    """Wait until node answers not ready with every needle in its reasons; return them."""
+
+    def probe() -> str | None:
+        reply = node.readyz()
+        if reply is None or reply.status != 503:
+            return None
+        reasons = node.reasons()
+        return reasons if all(needle in reasons for needle in needles) else None
+
+    return harness.wait_for(
+        probe, timeout_s=timeout_s, what=f"{node.name} not ready naming {needles}",
+        describe=node.describe,
+    )  # fmt: skip
+
+
+def _hold_not_ready(node: harness.Node, seconds: float) -> None:
+    """Assert node stays not ready for the given time (it must not serve a broken env)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        assert not node.is_ready(), f"{node.name} turned ready during the fault: {node.env()}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("missing", ["main1", "sub2"], ids=["master-missing", "peer-missing"])
+def test_late_name_makes_the_node_wait_then_ready(cluster: harness.Cluster, missing: str) -> None:
+    victim = cluster["sub1"]
+    victim.drop_host(missing)
+    cluster.start_all()
+
+    _not_ready_naming(victim, missing)
+    _hold_not_ready(victim, FAULT_S)
+
+    victim.unpin()  # the name appears, as when a DNS record is published late
+    served = cluster.wait_all_ready(READY_S)
+    assert served["sub1"]["MASTER_ADDR"] == "main1"
+    assert len({env["RALLYPOINT_GENERATION"] for env in served.values()}) == 1
+
+
+def test_master_name_on_loopback_at_a_worker_is_fatal_there(cluster: harness.Cluster) -> None:
+    victim = cluster["sub1"]
+    victim.pin("main1", "127.0.1.1")
+    cluster.start_all()
+
+    _not_ready_naming(victim, "main1", "127.0.1.1")
+    _hold_not_ready(victim, FAULT_S)
+    assert victim.env() is None
+
+    victim.unpin()
+    cluster.wait_all_ready(READY_S)
+
+
+@pytest.mark.parametrize("node", ["sub1", "main1"])
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict-self"])
+def test_own_name_on_loopback_is_a_warning_unless_strict(
+    make_cluster: harness.MakeCluster, node: str, strict: bool
+) -> None:
+    cluster = make_cluster(args=["--strict-self"] if strict else [])
+    cluster[node].pin(node, "127.0.1.1")
+    cluster.start_all()
+
+    if strict:
+        _not_ready_naming(cluster[node], node, "127.0.1.1")
+        _hold_not_ready(cluster[node], FAULT_S)
+        return
+    cluster.wait_all_ready(READY_S)
+    warnings = " ".join(cluster[node].status()["warnings"])
+    assert node in warnings and "127.0.1.1" in warnings, warnings
+    others = [other for other in cluster if other.name != node]
+    for other in others:
+        assert "127.0.1.1" not in " ".join(other.status()["warnings"])

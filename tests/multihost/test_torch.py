@@ -1,0 +1,51 @@
+"""A real PyTorch gloo job across the namespaces, started from the env the sidecars served."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from tests.multihost import harness
+
+pytestmark = [pytest.mark.multihost, pytest.mark.torch]
+
+READY_S = 30.0
+JOB_S = 90.0  # three torch imports on two cores dominate
+
+
+@pytest.mark.parametrize(
+    "own_name_on_loopback",
+    [
+        pytest.param(None, id="clean-hosts"),
+        # Debian's `127.0.1.1 <hostname>` on one worker: served with a warning, and gloo
+        # still connects (the loopback-advertising node dials out to its peers).
+        pytest.param("sub1", id="sub1-own-name-on-127.0.1.1"),
+    ],
+)
+def test_gloo_all_reduce_runs_on_the_served_env(
+    cluster: harness.Cluster, torch_script: Path, own_name_on_loopback: str | None
+) -> None:
+    if own_name_on_loopback is not None:
+        cluster[own_name_on_loopback].pin(own_name_on_loopback, "127.0.1.1")
+    cluster.start_all()
+    served = cluster.wait_all_ready(READY_S)
+    master_port = int(served["main1"]["MASTER_PORT"])
+    # The sidecar holds the port: an unrelated plain bind on the master node fails ...
+    assert cluster["main1"].try_bind(master_port) == errno.EADDRINUSE
+    if own_name_on_loopback is not None:
+        warnings = " ".join(cluster[own_name_on_loopback].status()["warnings"])
+        assert own_name_on_loopback in warnings and "127.0.1.1" in warnings, warnings
+
+    results = harness.run_torch_job(list(cluster), torch_script, timeout_s=JOB_S)
+
+    # ... while the training process, whose TCPStore listens with SO_REUSEADDR, binds it.
+    for name, (code, result) in results.items():
+        assert code == 0 and result is not None, f"{name}: exit {code}, {result}"
+        assert result["ok"] and result["sum"] == result["expected"] == 6.0, result
+        assert result["world_size"] == 3
+        assert result["rank"] == harness.backendai_order(cluster.hosts).index(name)
+        assert result["master_addr"] == "main1"
+        assert int(result["master_port"]) == master_port
+        assert sorted(result["hosts"]) == sorted(cluster.hosts)
