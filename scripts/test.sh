@@ -19,7 +19,7 @@ python3 -m venv .venv
 }
 export PATH="$PWD/.venv/bin:$PATH"
 
-ruff check src tests bench
-ruff format --check src tests bench
+ruff check
+ruff format --check
 mypy
 exec python -m pytest -ra "$@"
