@@ -34,6 +34,11 @@ class PortError(RallypointError):
 class AuthError(RallypointError):
     """Raised when a peer message is unsigned, stale, replayed or carries a bad signature."""
 
+    def __init__(self, message: str, *, reason: str = "other") -> None:
+        super().__init__(message)
+        #: A stable label: unsigned, malformed, stale, replayed, bad_signature, refused, other.
+        self.reason = reason
+
 
 class PeerMessageError(RallypointError):
     """Raised when a peer message (join, cluster document, announcement) is malformed."""

@@ -1,0 +1,206 @@
+"""Blocking client for the local API, used by `wait`, `env`, `check`, `exec` and `status`."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rallypoint.errors import NotReady, RendezvousTimeout, SidecarError, SidecarUnreachable
+
+#: Extra seconds a request may take beyond the long-poll it asked the server for.
+_MARGIN_S = 5.0
+#: Longest single long-poll; a wait loops over several so a restarted sidecar is noticed.
+POLL_S = 30.0
+
+# The local API is on loopback: never send it through an HTTP proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One HTTP answer from the local API."""
+
+    status: int
+    body: str
+
+
+def local_url(host: str, port: int) -> str:
+    """The base URL of the local API listening on host:port; wildcard hosts mean loopback."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def _where(base_url: str) -> str:
+    """host:port of a base URL, for messages."""
+    return urllib.parse.urlsplit(base_url).netloc or base_url
+
+
+def get(base_url: str, path: str, *, timeout_s: float) -> Answer:
+    """GET base_url + path; SidecarUnreachable when nothing answers in time."""
+    url = base_url.rstrip("/") + path
+    where = _where(base_url)
+    try:
+        with _OPENER.open(url, timeout=timeout_s) as response:
+            return Answer(response.status, response.read().decode("utf-8", "replace"))
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return Answer(exc.code, exc.read().decode("utf-8", "replace"))
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ConnectionRefusedError):
+            raise SidecarUnreachable(
+                f"no sidecar answers on {where}: start `rallypoint serve`"
+                " (or point --url / --local-port at the one that runs)"
+            ) from exc
+        if isinstance(exc.reason, TimeoutError):
+            raise SidecarUnreachable(
+                f"the sidecar on {where} did not answer within {timeout_s:g}s:"
+                " check that it runs and is not overloaded"
+            ) from exc
+        raise SidecarUnreachable(
+            f"cannot reach the sidecar on {where}: {exc.reason}: check --url / --local-port"
+        ) from exc
+    except TimeoutError as exc:
+        raise SidecarUnreachable(
+            f"the sidecar on {where} did not answer within {timeout_s:g}s:"
+            " check that it runs and is not overloaded"
+        ) from exc
+    except (ConnectionError, http.client.HTTPException) as exc:
+        # A sidecar that is starting or stopping may drop the connection mid-answer.
+        raise SidecarUnreachable(
+            f"the sidecar on {where} dropped the connection ({type(exc).__name__}):"
+            " it may be starting or stopping"
+        ) from exc
+
+
+def reasons_of(body: str) -> list[str]:
+    """The reasons of a 503 answer: the JSON "reasons" list, else the body's first line."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        reasons = doc.get("reasons")
+        if isinstance(reasons, list) and reasons:
+            return [_reason(reason) for reason in reasons]
+        if isinstance(doc.get("error"), str):
+            return [doc["error"]]
+    first = body.strip().splitlines()[0] if body.strip() else ""
+    first = first.removeprefix("not ready: ")  # /readyz says so already
+    return [first] if first else ["no reason given"]
+
+
+def _reason(reason: object) -> str:
+    """One reason of the local API ({"code", "message", ...}) as `code: message`."""
+    if isinstance(reason, dict) and "message" in reason:
+        return f"{reason.get('code', 'not_ready')}: {reason['message']}"
+    return str(reason)
+
+
+def _not_ready(base_url: str, body: str) -> NotReady:
+    return NotReady(
+        f"the sidecar on {_where(base_url)} is not ready: {'; '.join(reasons_of(body))}"
+        " (see `rallypoint status`)"
+    )
+
+
+def _unexpected(base_url: str, path: str, answer: Answer) -> SidecarError:
+    first = answer.body.strip().splitlines()[0][:200] if answer.body.strip() else ""
+    return SidecarError(
+        f"GET {path} on {_where(base_url)} answered {answer.status} {first!r}:"
+        " is a rallypoint sidecar of the same version listening there?"
+    )
+
+
+def fetch_env(
+    base_url: str, fmt: str = "json", wait_s: float = 0.0, *, timeout_s: float = _MARGIN_S
+) -> str:
+    """The rendered env from GET /env; NotReady when the sidecar is not ready after wait_s."""
+    query = {"format": fmt}
+    if wait_s > 0:
+        query["wait"] = f"{wait_s:.3f}"
+    path = "/env?" + urllib.parse.urlencode(query)
+    answer = get(base_url, path, timeout_s=timeout_s + wait_s)
+    if answer.status == 200:
+        return answer.body
+    if answer.status == 503:
+        raise _not_ready(base_url, answer.body)
+    raise _unexpected(base_url, path, answer)
+
+
+def readyz(base_url: str, *, timeout_s: float = 2.0) -> str:
+    """The body of GET /readyz when ready; NotReady with the reason otherwise."""
+    answer = get(base_url, "/readyz", timeout_s=timeout_s)
+    if answer.status == 200:
+        return answer.body
+    if answer.status == 503:
+        raise _not_ready(base_url, answer.body)
+    raise _unexpected(base_url, "/readyz", answer)
+
+
+def status(base_url: str, *, timeout_s: float = _MARGIN_S) -> dict[str, object]:
+    """The JSON document of GET /status (served whether ready or not)."""
+    answer = get(base_url, "/status", timeout_s=timeout_s)
+    if answer.status not in (200, 503):
+        raise _unexpected(base_url, "/status", answer)
+    try:
+        doc = json.loads(answer.body)
+    except ValueError as exc:
+        raise _unexpected(base_url, "/status", answer) from exc
+    if not isinstance(doc, dict):
+        raise _unexpected(base_url, "/status", answer)
+    return doc
+
+
+def wait_env(
+    base_url: str,
+    fmt: str,
+    timeout_s: float | None,
+    *,
+    backoff_initial_s: float = 0.05,
+    backoff_max_s: float = 2.0,
+    poll_s: float = POLL_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Block until /env answers 200 and return it; RendezvousTimeout after timeout_s (None: never).
+
+    Connection failures are retried with capped exponential backoff, because the sidecar
+    may still be starting; a 503 is retried with a long-poll (?wait=) so readiness is
+    seen at once. An answer outside the contract (SidecarError) ends the wait.
+    """
+    deadline = None if timeout_s is None else clock() + timeout_s
+    backoff = backoff_initial_s
+    last: str = "no answer yet"
+    while True:
+        remaining = poll_s if deadline is None else deadline - clock()
+        if remaining <= 0:
+            raise RendezvousTimeout(
+                f"not ready after {timeout_s}s: {last}; raise --timeout or see `rallypoint status`"
+            )
+        wait_s = min(remaining, poll_s)
+        started = clock()
+        try:
+            return fetch_env(base_url, fmt, wait_s)
+        except SidecarUnreachable as exc:
+            last = str(exc)
+        except NotReady as exc:
+            last = str(exc)
+            # A server that answered long before the long-poll ended (it ignores ?wait, or
+            # it restarted) must not be hammered.
+            if clock() - started >= wait_s / 2:
+                backoff = backoff_initial_s
+                continue
+        pause = backoff if deadline is None else min(backoff, max(deadline - clock(), 0.0))
+        sleep(pause)
+        backoff = min(backoff * 2, backoff_max_s)

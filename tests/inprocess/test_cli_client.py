@@ -1,0 +1,375 @@
+"""`wait`, `env`, `check`, `exec`, `status` against a scripted local API on loopback."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from rallypoint import cli, client, render
+from rallypoint.errors import NotReady, RendezvousTimeout, SidecarError, SidecarUnreachable
+from tests.unit.test_cli import clean_env
+
+VALUES = {
+    "MASTER_ADDR": "10.1.2.3",
+    "MASTER_PORT": "29555",
+    "NNODES": "2",
+    "NODE_RANK": "1",
+    "TF_CONFIG": '{"cluster":{"worker":["a:1","b:2"]},"task":{"type":"worker","index":1}}',
+}
+REASONS = [{"code": "waiting_for_peers", "message": "1 of 2 nodes joined", "ranks": [0]}]
+STATUS = {
+    "ready": False,
+    "generation": "g7",
+    "role": "worker",
+    "spec": {"provider": "explicit", "session": "s1", "nnodes": 2, "rank": 1, "master": "n0"},
+    "peers": [
+        {"rank": 0, "host": "n0", "joined": True, "addresses": ["10.1.2.3"], "verdict": "ok",
+         "resolved": ["10.1.2.3"], "detail": None, "tf_port": None},
+        {"rank": 1, "host": "n1", "joined": False, "addresses": [], "verdict": "not_found",
+         "resolved": [], "detail": "n1 does not resolve", "tf_port": None},
+    ],
+    "reasons": REASONS,
+    "warnings": ["peer messages are not authenticated"],
+    "overrides": [{"key": "MASTER_PORT", "value": "29555", "derived": "29500", "source": "--set"}],
+    "ports": {"master": {"port": 29555, "held": True, "skipped": []}},
+}  # fmt: skip
+
+
+def free_port(low: int = 0, high: int = 0) -> int:
+    """A port nothing listens on; in [low, high] when given (e.g. outside the ephemeral range)."""
+    for _attempt in range(200):
+        port = random.randint(low, high) if high else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            found: int = sock.getsockname()[1]
+            return found
+    raise AssertionError(f"no free port in {low}-{high}")
+
+
+class FakeLocalAPI:
+    """A scripted local API: not ready for the first `ready_after` /env requests, then ready."""
+
+    def __init__(self, port: int = 0, *, ready_after: int = 0, status: int | None = None) -> None:
+        self.ready_after = ready_after
+        self.forced_status = status
+        self.paths: list[str] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                fake.paths.append(self.path)
+                code, body = fake.answer(self.path)
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    @property
+    def ready(self) -> bool:
+        return sum(path.startswith("/env") for path in self.paths) > self.ready_after
+
+    def answer(self, path: str) -> tuple[int, str]:
+        if self.forced_status is not None:
+            return self.forced_status, "<html>nope</html>"
+        route, _, query = path.partition("?")
+        params = dict(urllib.parse.parse_qsl(query))
+        if route == "/env":
+            if self.ready:
+                return 200, render.render(VALUES, params.get("format", "json"))
+            time.sleep(min(float(params.get("wait", 0)), 0.05))  # a short long-poll
+            return 503, json.dumps({"ready": False, "reasons": REASONS})
+        if route == "/readyz":
+            return (200, "ready\n") if self.ready_after < 0 else (503, "not ready: starting: x\n")
+        if route == "/status":
+            return 200, json.dumps(STATUS)
+        return 404, "{}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLocalAPI]:
+    api = FakeLocalAPI(ready_after=2)
+    yield api
+    api.close()
+
+
+@pytest.fixture(autouse=True)
+def _drop_cli_log_handler() -> Iterator[None]:
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, cli._Handler)]:
+        root.removeHandler(handler)
+
+
+def run(args: list[str], env: Mapping[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli.app, args, env=clean_env(env), catch_exceptions=False)
+
+
+def child_env() -> dict[str, str]:
+    """os.environ without cluster variables, for child processes."""
+    unset = clean_env()
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update({k: v for k, v in unset.items() if v is not None})
+    return env
+
+
+def rallypoint(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """The real command line in a child process."""
+    return subprocess.run(
+        [sys.executable, "-m", "rallypoint", *args],
+        env={**child_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout,
+        check=False,
+    )  # fmt: skip
+
+
+# --- wait ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["json", "sh", "dotenv"])
+def test_wait_long_polls_until_ready_then_prints(fake: FakeLocalAPI, fmt: str) -> None:
+    result = run(["wait", "--url", fake.url, "--timeout", "30", "--format", fmt])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == render.render(VALUES, fmt)
+    env_requests = [p for p in fake.paths if p.startswith("/env")]
+    assert len(env_requests) == 3
+    assert all("wait=" in p and f"format={fmt}" in p for p in env_requests)
+
+
+def test_wait_retries_until_the_sidecar_starts_listening() -> None:
+    port = free_port()
+    started: list[FakeLocalAPI] = []
+    timer = threading.Timer(0.5, lambda: started.append(FakeLocalAPI(port)))
+    timer.start()
+    try:
+        result = run(["wait", "--local-port", str(port), "--timeout", "30"])
+    finally:
+        timer.join()
+        for api in started:
+            api.close()
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == VALUES
+
+
+def test_wait_ignores_http_proxy_variables(fake: FakeLocalAPI) -> None:
+    proxy = {"http_proxy": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+    result = run(["wait", "--url", fake.url, "--timeout", "30"], proxy)
+    assert result.exit_code == 0, result.stderr
+
+
+def test_wait_times_out_with_exit_3_against_a_closed_port() -> None:
+    port = free_port()
+    proc = rallypoint("wait", "--local-port", str(port), "--timeout", "0.5")
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: not ready after 0.5s: ")
+    assert f"no sidecar answers on 127.0.0.1:{port}" in lines[0]
+
+
+def test_wait_times_out_with_the_last_reason_when_never_ready() -> None:
+    api = FakeLocalAPI(ready_after=10**6)
+    try:
+        result = run(["wait", "--url", api.url, "--timeout", "0.3"])
+    finally:
+        api.close()
+    assert result.exit_code == 3
+    assert "waiting_for_peers: 1 of 2 nodes joined" in result.stderr
+
+
+def test_wait_stops_at_once_on_an_answer_outside_the_contract() -> None:
+    api = FakeLocalAPI(status=404)
+    try:
+        result = run(["wait", "--url", api.url, "--timeout", "30"])
+    finally:
+        api.close()
+    assert result.exit_code == 1
+    assert len(api.paths) == 1
+    assert "answered 404" in result.stderr
+
+
+def test_wait_out_writes_the_file_atomically_with_mode_0644(
+    fake: FakeLocalAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "rallypoint.env"
+    target.write_text("OLD=1\n")
+    replaced: list[tuple[str, str]] = []
+    real_replace = os.replace
+
+    def spy(src: str, dst: str) -> None:
+        # The target still holds the old, complete file when the new one is moved in.
+        assert target.read_text() == "OLD=1\n"
+        assert Path(src).parent == tmp_path
+        assert Path(src).read_text() == render.render(VALUES, "dotenv")
+        replaced.append((str(src), str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    result = run(["wait", "--url", fake.url, "--out", str(target), "--format", "dotenv"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    assert replaced == [(replaced[0][0], str(target))]
+    assert target.read_text() == render.render(VALUES, "dotenv")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rallypoint.env"]
+
+
+def test_wait_out_into_a_missing_directory_is_one_error_line(
+    fake: FakeLocalAPI, tmp_path: Path
+) -> None:
+    target = tmp_path / "missing" / "env"
+    result = run(["wait", "--url", fake.url, "--out", str(target)])
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: --out {str(target)!r} cannot be written")
+
+
+# --- env, check, status ------------------------------------------------------------------------
+
+
+def test_env_prints_when_ready_and_exits_1_with_reasons_when_not() -> None:
+    api = FakeLocalAPI(ready_after=1)
+    try:
+        first = run(["env", "--url", api.url, "--format", "sh"])
+        second = run(["env", "--url", api.url, "--format", "sh"])
+    finally:
+        api.close()
+    assert first.exit_code == 1
+    assert first.stdout == ""
+    assert first.stderr.startswith("error: the sidecar on 127.0.0.1:")
+    assert "waiting_for_peers: 1 of 2 nodes joined" in first.stderr
+    assert second.exit_code == 0
+    assert second.stdout == render.render(VALUES, "sh")
+
+
+def test_check_exits_1_when_nothing_listens() -> None:
+    port = free_port()
+    proc = rallypoint("check", "--local-port", str(port))
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(f"error: no sidecar answers on 127.0.0.1:{port}")
+    assert proc.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(("ready_after", "code"), [(-1, 0), (0, 1)])
+def test_check_follows_readyz(ready_after: int, code: int) -> None:
+    api = FakeLocalAPI(ready_after=ready_after)
+    try:
+        result = run(["check", "--url", api.url])
+    finally:
+        api.close()
+    assert result.exit_code == code
+    assert result.stdout == ""
+    assert api.paths == ["/readyz"]
+    if code:
+        assert "starting: x" in result.stderr
+        assert "not ready: not ready" not in result.stderr
+
+
+def test_status_renders_a_table_and_exits_1_when_not_ready(fake: FakeLocalAPI) -> None:
+    result = run(["status", "--url", fake.url])
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert any(line.split() == ["ready", "no"] for line in lines)
+    header = next(line for line in lines if line.startswith("RANK"))
+    assert header.split() == ["RANK", "HOST", "JOINED", "ADDRESSES", "VERDICT", "RESOLVED",
+                              "DETAIL"]  # fmt: skip
+    row = next(line for line in lines if line.startswith("1 "))
+    assert row.split()[:5] == ["1", "n1", "no", "-", "not_found"]
+    assert "  - waiting_for_peers: 1 of 2 nodes joined" in lines
+    assert "  - MASTER_PORT=29555 from --set (derived: 29500)" in lines
+    assert any(line.split() == ["master", "port", "29555", "(held)"] for line in lines)
+
+
+def test_status_json_is_the_raw_document(fake: FakeLocalAPI) -> None:
+    result = run(["status", "--url", fake.url, "--json"])
+    assert json.loads(result.stdout) == STATUS
+
+
+# --- exec ------------------------------------------------------------------------------------
+
+
+def test_exec_runs_the_command_with_the_env_merged_in(fake: FakeLocalAPI) -> None:
+    code = "import os; e = os.environ; print(e['MASTER_ADDR'], e['TF_CONFIG'], e['KEEP'])"
+    proc = rallypoint(
+        "exec", "--url", fake.url, "--", sys.executable, "-c", code, env={"KEEP": "kept"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [VALUES["MASTER_ADDR"], VALUES["TF_CONFIG"], "kept"]
+
+
+def test_exec_passes_the_commands_exit_code_and_own_options(fake: FakeLocalAPI) -> None:
+    proc = rallypoint("exec", "--url", fake.url, sys.executable, "-c", "raise SystemExit(7)")
+    assert proc.returncode == 7, proc.stderr
+
+
+def test_exec_of_a_missing_command_exits_127(fake: FakeLocalAPI) -> None:
+    proc = rallypoint("exec", "--url", fake.url, "--", "no-such-command-rallypoint")
+    assert proc.returncode == 127
+    assert proc.stderr.strip() == (
+        "error: 'no-such-command-rallypoint' not found: check the command and PATH"
+    )
+
+
+# --- the client on its own -------------------------------------------------------------------
+
+
+def test_client_errors_are_distinct() -> None:
+    port = free_port()
+    with pytest.raises(SidecarUnreachable, match="start `rallypoint serve`"):
+        client.fetch_env(f"http://127.0.0.1:{port}")
+    api = FakeLocalAPI(ready_after=10**6)
+    try:
+        with pytest.raises(NotReady, match="waiting_for_peers"):
+            client.fetch_env(api.url)
+        with pytest.raises(RendezvousTimeout):
+            client.wait_env(api.url, "json", 0.2)
+    finally:
+        api.close()
+    api = FakeLocalAPI(status=500)
+    try:
+        with pytest.raises(SidecarError, match="answered 500"):
+            client.status(api.url)
+    finally:
+        api.close()
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [("127.0.0.1", "http://127.0.0.1:7"), ("::1", "http://[::1]:7"),
+     ("0.0.0.0", "http://127.0.0.1:7"), ("::", "http://[::1]:7")],
+)  # fmt: skip
+def test_local_url(host: str, url: str) -> None:
+    assert client.local_url(host, 7) == url

@@ -1,0 +1,147 @@
+"""`rallypoint serve` in a child process, driven by the other commands as a user would."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.inprocess.test_cli_client import child_env, free_port, rallypoint
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[str]
+    local_port: int
+    peer_port: int
+    master_port: int
+    tf_port: int
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[..., Served]]:
+    """Start single-node sidecars on free test ports; stop them (SIGTERM, then SIGKILL) after."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*extra: str) -> Served:
+        local, peer = free_port(), free_port()
+        # The sidecar keeps the ports it reserves outside the kernel's ephemeral range.
+        master, tf = free_port(20000, 29999), free_port(20000, 29999)
+        args = ["serve", "--local-port", str(local), "--peer-port", str(peer),
+                "--master-port", str(master), "--tf-port", str(tf), *extra]  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rallypoint", *args],
+            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        procs.append(proc)
+        return Served(proc, local, peer, master, tf)
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.communicate()
+
+
+@pytest.fixture
+def served(start: Callable[..., Served]) -> Served:
+    return start("--no-mdns")
+
+
+def test_wait_env_check_status_against_a_real_sidecar(served: Served) -> None:
+    port = str(served.local_port)
+    waited = rallypoint("wait", "--local-port", port, "--timeout", "60")
+    assert waited.returncode == 0, waited.stderr
+    env = json.loads(waited.stdout)
+    assert {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK")} == {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(served.master_port),
+        "NNODES": "1",
+        "NODE_RANK": "0",
+    }
+    assert (env["WORLD_SIZE"], env["RANK"], env["LOCAL_RANK"]) == ("1", "0", "0")
+    assert json.loads(env["TF_CONFIG"]) == {
+        "cluster": {"worker": [f"127.0.0.1:{served.tf_port}"]},
+        "task": {"type": "worker", "index": 0},
+    }
+
+    now = rallypoint("env", "--local-port", port, "--format", "sh")
+    assert now.returncode == 0, now.stderr
+    assert f"export MASTER_PORT={served.master_port}\n" in now.stdout
+
+    # The console script itself, as a HEALTHCHECK would run it.
+    script = shutil.which("rallypoint")
+    command = [script] if script else [sys.executable, "-m", "rallypoint"]
+    check = subprocess.run(
+        [*command, "check", "--local-port", port],
+        env=child_env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (check.returncode, check.stdout, check.stderr) == (0, "", "")
+
+    status = rallypoint("status", "--local-port", port)
+    assert status.returncode == 0, status.stderr
+    assert ["ready", "yes"] in [line.split() for line in status.stdout.splitlines()]
+
+
+def test_exec_sees_the_served_env(served: Served) -> None:
+    code = "import os; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])"
+    proc = rallypoint("exec", "--local-port", str(served.local_port), "--timeout", "60",
+                      "--", sys.executable, "-c", code)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["127.0.0.1", str(served.master_port)]
+
+
+def test_serve_stops_on_sigterm(served: Served) -> None:
+    waited = rallypoint("wait", "--local-port", str(served.local_port), "--timeout", "60")
+    assert waited.returncode == 0, waited.stderr
+    served.proc.send_signal(signal.SIGTERM)
+    try:
+        code = served.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail("`rallypoint serve` still runs 10 s after SIGTERM")
+    assert code == 0
+    after = rallypoint("check", "--local-port", str(served.local_port))
+    assert after.returncode == 1
+
+
+def test_serve_with_a_bad_setting_exits_2_before_listening() -> None:
+    proc = rallypoint("serve", "--local-port", str(free_port()), "--port-range", "9-1")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "error: --port-range: '9-1' is not a port range: use LO-HI with 1 <= LO <= HI <= 65535, "
+        "e.g. 20000-29999"
+    ]
+
+
+def test_demo_prints_every_node_ready() -> None:
+    proc = rallypoint("demo", "--nodes", "2", "--peer-port", str(free_port()),
+                      "--master-port", str(free_port()))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == ["node 0", "node 1"]
+    assert all("MASTER_ADDR=node0" in line and "NNODES=2" in line for line in lines[:2])
+    assert lines[2].startswith("2 nodes ready in ")
+
+
+def test_peers_lists_a_sidecar_announcing_on_loopback(start: Callable[..., Served]) -> None:
+    served = start("--mdns-interface", "127.0.0.1")
+    waited = rallypoint("wait", "--local-port", str(served.local_port), "--timeout", "60")
+    assert waited.returncode == 0, waited.stderr
+    seen = rallypoint("peers", "--seconds", "2", "--mdns-interface", "127.0.0.1", "--json")
+    assert seen.returncode == 0, seen.stderr
+    mine = [a for a in json.loads(seen.stdout) if a["peer_port"] == served.peer_port]
+    assert [(a["session"], a["rank"]) for a in mine] == [("single", 0)]
+    table = rallypoint("peers", "--seconds", "2", "--mdns-interface", "127.0.0.1")
+    assert table.stdout.splitlines()[0].split()[:3] == ["SESSION", "RANK", "HOST"]
+    assert any(str(served.peer_port) in line.split() for line in table.stdout.splitlines())

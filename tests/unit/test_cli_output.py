@@ -1,0 +1,76 @@
+"""What the CLI writes: atomic env files, the status table."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from rallypoint import cli
+
+SIZE = 1 << 20  # big enough that a plain write would be seen half-done
+
+
+def test_a_reader_never_sees_a_half_written_file(tmp_path: Path) -> None:
+    target = tmp_path / "env"
+    contents = [letter * SIZE for letter in "ABCD"]
+    stop = threading.Event()
+    seen: list[str] = []
+    torn: list[int] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                text = target.read_text()
+            except FileNotFoundError:
+                continue
+            seen.append(text[:1])
+            if len(text) != SIZE or text != text[0] * SIZE:
+                torn.append(len(text))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for round_ in range(12):
+            cli.write_atomic(target, contents[round_ % len(contents)])
+    finally:
+        stop.set()
+        thread.join()
+    assert torn == []
+    assert seen  # the reader did look at the file while it was being replaced
+    assert target.read_text() == contents[11 % len(contents)]
+
+
+def test_write_atomic_sets_mode_0644_whatever_the_umask(tmp_path: Path) -> None:
+    target = tmp_path / "env"
+    old = os.umask(0o077)
+    try:
+        cli.write_atomic(target, "A=1\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert os.listdir(tmp_path) == ["env"]
+
+
+def test_write_atomic_leaves_no_temporary_file_when_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "env"
+    target.write_text("OLD\n")
+
+    def refuse(src: str, dst: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(PermissionError):
+        cli.write_atomic(target, "NEW\n")
+    assert target.read_text() == "OLD\n"
+    assert os.listdir(tmp_path) == ["env"]
+
+
+def test_format_status_tolerates_a_minimal_document() -> None:
+    text = cli.format_status({"ready": True})
+    assert text.split() == ["ready", "yes"]
