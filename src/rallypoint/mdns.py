@@ -7,7 +7,7 @@ import contextlib
 import ipaddress
 import logging
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -47,9 +47,9 @@ def resolve_interfaces(entries: Sequence[str]) -> Interfaces:
     IPv4 is given to zeroconf by address, IPv6 by interface index (IPV6_JOIN_GROUP
     wants an index). Unknown names are logged and skipped; ValueError when none is left.
     """
-    if not entries:
-        return InterfaceChoice.All
     adapters = {adapter.nice_name: adapter for adapter in ifaddr.get_adapters()}
+    if not entries:
+        return _default_interfaces(adapters.values())
     chosen: list[str | int] = []
     for entry in entries:
         with contextlib.suppress(ValueError):
@@ -68,6 +68,24 @@ def resolve_interfaces(entries: Sequence[str]) -> Interfaces:
             f"RALLYPOINT_MDNS_INTERFACES={','.join(entries)} names no usable interface"
         )
     return list(dict.fromkeys(chosen))
+
+
+def _default_interfaces(adapters: Iterable[ifaddr.Adapter]) -> Interfaces:
+    """Every IPv4 address, and IPv6 on every interface but loopback.
+
+    IPv6 multicast has no route on ``lo`` (sends to ff02::fb from ::1 fail with
+    ENETUNREACH on every announcement), while IPv4 multicast on 127.0.0.1 works and
+    lets sidecars on one host see each other.
+    """
+    chosen: list[str | int] = []
+    for adapter in adapters:
+        v4 = [ip.ip for ip in adapter.ips if isinstance(ip.ip, str)]
+        chosen.extend(v4)
+        v6 = [ip.ip for ip in adapter.ips if isinstance(ip.ip, tuple)]
+        loopback = any(address[0] == "::1" for address in v6) or adapter.nice_name == "lo"
+        if v6 and not loopback and adapter.index is not None:
+            chosen.append(adapter.index)
+    return list(dict.fromkeys(chosen)) or InterfaceChoice.All
 
 
 def open_zeroconf(choice: Interfaces) -> AsyncZeroconf:
