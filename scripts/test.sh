@@ -14,7 +14,7 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
 # The real PyTorch client test uses a CPU build; it is a test-only requirement.
-.venv/bin/python -m pip install -q 'torch==2.13.0' || {
+.venv/bin/python -m pip install -q 'torch==2.13.0' numpy || {
     echo "torch==2.13.0 could not be installed: the PyTorch tests will be skipped (or fail in CI)" >&2
 }
 export PATH="$PWD/.venv/bin:$PATH"
