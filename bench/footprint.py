@@ -1,0 +1,162 @@
+"""Footprint: start-to-/livez time, RSS idle and after 100k /env requests, image size.
+
+Start-up is measured from just before the process is spawned to the first 200 on /livez
+(polled every 2 ms on fresh connections), interleaved with the bare aiohttp server of
+bench/bare_server.py as the floor that Python + aiohttp alone cost. mDNS is off: with it the
+sidecar would multicast on this host's interfaces.
+
+    python bench/footprint.py            # 20 starts, 100k requests
+    python bench/footprint.py --quick    # 5 starts, 20k requests
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import common
+from local_api import wrk
+
+IMAGES = ("rallypoint:local", "rallypoint:0.1.0")
+
+
+def start_time(argv: list[str], port: int, path: str) -> float:
+    """Seconds from spawn to the first 200 on path; the process is stopped afterwards."""
+    t0 = time.monotonic()
+    proc = common.spawn(argv)
+    try:
+        return common.wait_status(port, path, timeout_s=20.0) - t0
+    finally:
+        common.stop(proc)
+
+
+def image_size() -> dict[str, object]:
+    """The image's size from `docker image inspect`, when the compose tier built it."""
+    if shutil.which("docker") is None:
+        return {"measured": False, "why": "docker is not installed"}
+    for ref in IMAGES:
+        done = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, text=True)
+        if done.returncode == 0:
+            info = json.loads(done.stdout)[0]
+            return {
+                "measured": True,
+                "image": ref,
+                "bytes": info["Size"],
+                "mb": round(info["Size"] / 1e6, 1),
+                "id": info["Id"][:19],
+            }
+    return {"measured": False, "why": f"none of {', '.join(IMAGES)} is built"}
+
+
+def main() -> None:
+    p = common.parser(__doc__)
+    p.add_argument("--starts", type=int, default=20)
+    p.add_argument("--requests", type=int, default=100_000)
+    args = p.parse_args()
+    if args.quick:
+        args.starts, args.requests = 5, 20_000
+    tmp = Path(tempfile.mkdtemp(prefix="rp-bench-"))
+
+    # Start-up, interleaved with the bare server so both see the same machine load.
+    side_starts, bare_starts = [], []
+    body = tmp / "env.json"
+    body.write_text('{"MASTER_ADDR": "127.0.0.1"}')
+    for i in range(args.starts):
+        lp, pp = common.free_port(), common.free_port()
+        side_starts.append(start_time(common.serve_argv(lp, pp), lp, "/livez"))
+        bp = common.free_port()
+        bare_starts.append(
+            start_time(
+                ["python", str(common.BENCH_DIR / "bare_server.py"), str(bp), str(body)], bp, "/env"
+            )
+        )
+        print(
+            f"start {i}: sidecar {side_starts[-1] * 1000:6.0f} ms, "
+            f"bare aiohttp {bare_starts[-1] * 1000:6.0f} ms"
+        )
+
+    # Memory: idle once ready, then after the requests.
+    lp, pp = common.free_port(), common.free_port()
+    proc = common.spawn(common.serve_argv(lp, pp), log=tmp / "sidecar.log")
+    try:
+        common.wait_status(lp, "/readyz")
+        time.sleep(1.0)
+        idle = common.memory_kib(proc.pid)
+        cpu_idle = common.cpu_seconds(proc.pid)
+        served = 0
+        while served < args.requests:
+            served += int(wrk(lp, 16, 2)["requests"])
+        loaded = common.memory_kib(proc.pid)
+        cpu_loaded = common.cpu_seconds(proc.pid)
+    finally:
+        common.stop(proc)
+
+    start = common.summary(side_starts, 1000)
+    bare = common.summary(bare_starts, 1000)
+    rss_idle, rss_loaded = idle["VmRSS"] / 1024, loaded["VmRSS"] / 1024
+    peak = loaded["VmHWM"] / 1024
+    image = image_size()
+    worst = max(rss_idle, rss_loaded, peak)
+    targets = {
+        "rss_mb": {
+            "value": round(worst, 1),
+            "target": "<= 45",
+            "verdict": common.verdict(worst <= 45),
+        },
+        "start_to_livez_ms_p50": {
+            "value": start["p50"],
+            "target": "<= 400",
+            "verdict": common.verdict(start["p50"] <= 400),
+        },
+    }
+    print(
+        f"\nstart to /livez: p50 {start['p50']:.0f} ms p99 {start['p99']:.0f} ms "
+        f"(bare aiohttp p50 {bare['p50']:.0f} ms)"
+    )
+    print(
+        f"RSS idle {rss_idle:.1f} MB; after {served} /env requests {rss_loaded:.1f} MB "
+        f"(peak {peak:.1f} MB); CPU for the requests {cpu_loaded - cpu_idle:.1f} s"
+    )
+    print(f"image: {image}")
+    for name, t in targets.items():
+        print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict']}")
+    common.write_summary(
+        "footprint",
+        {
+            "command": "python bench/footprint.py" + (" --quick" if args.quick else ""),
+            "start_to_livez_ms": start,
+            "bare_aiohttp_start_ms": bare,
+            "rss_idle_mb": round(rss_idle, 1),
+            "rss_after_requests_mb": round(rss_loaded, 1),
+            "rss_peak_mb": round(peak, 1),
+            "requests": served,
+            "cpu_s_per_10k_requests": round((cpu_loaded - cpu_idle) / served * 1e4, 3),
+            "image": image,
+            "targets": targets,
+        },
+    )
+    if not args.no_plot:
+        plot(side_starts, bare_starts, rss_idle, rss_loaded, peak)
+
+
+def plot(side: list[float], bare: list[float], idle: float, loaded: float, peak: float) -> None:
+    plt = common.pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    ax1.boxplot([[s * 1000 for s in side], [b * 1000 for b in bare]])
+    ax1.set_xticks([1, 2], ["rallypoint serve", "bare aiohttp"])
+    ax1.axhline(400, color="grey", ls="--", lw=1, label="target 400 ms")
+    ax1.set(ylabel="spawn to first 200 (ms)", title="start-up")
+    ax1.legend()
+    ax2.bar(["idle", "after requests", "peak (VmHWM)"], [idle, loaded, peak])
+    ax2.axhline(45, color="grey", ls="--", lw=1, label="target 45 MB")
+    ax2.set(ylabel="RSS (MB)", title="resident memory")
+    ax2.legend()
+    common.save_figure(fig, "footprint")
+
+
+if __name__ == "__main__":
+    main()

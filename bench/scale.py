@@ -1,0 +1,143 @@
+"""Scale: one real master sidecar against N simulated workers (bench/simcluster.py).
+
+Convergence is the time from the moment all N simulated workers start (each joins, then
+long-polls /v1/cluster on the same connection) until the last one holds the cluster
+document. Master CPU is utime + stime from /proc/<pid>/stat over that interval; peak RSS is
+its VmHWM. Needs root (network namespaces).
+
+    python bench/scale.py                    # N = 64, 512, 1024, 4096, 3 runs each
+    python bench/scale.py --sizes 16384 --runs 1   # stretch
+    python bench/scale.py --quick            # N = 64, 512, one run each
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import common
+import simcluster
+
+SIZES = (64, 512, 1024, 4096)
+
+
+def main() -> None:
+    p = common.parser(__doc__)
+    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    if args.quick:
+        args.sizes, args.runs = [64, 512], 1
+    reason = simcluster.prerequisites()
+    if reason is not None:
+        raise SystemExit(f"scale benchmark needs network namespaces: {reason}")
+
+    table = []
+    for n in args.sizes:
+        runs = []
+        for i in range(args.runs):
+            r = simcluster.simulate(n)
+            s = r.sim
+            converge = max(s["doc_s"]) if s["doc_ok"] == n else float("nan")
+            runs.append((converge, r))
+            print(
+                f"N={n:5d} run {i}: joined {s['join_ok']}/{n}, documents {s['doc_ok']}/{n}, "
+                f"converged {converge:.3f} s, master CPU {r.master_cpu_s:.2f} s "
+                f"(total {r.master_cpu_total_s:.2f} s), VmHWM {r.master_hwm_mb:.1f} MB, "
+                f"doc {s['doc_bytes'] / 1024:.0f} KiB, errors {s['errors']}"
+            )
+        converged = [c for c, _ in runs]
+        results = [r for _, r in runs]
+        table.append(
+            {
+                "workers": n,
+                "runs": len(runs),
+                "converge_s_p50": round(statistics.median(converged), 3),
+                "converge_s_max": round(max(converged), 3),
+                "join_p99_ms": round(
+                    statistics.median(common.percentile(r.sim["join_s"], 99) for r in results)
+                    * 1000,
+                    1,
+                ),
+                "master_cpu_s_p50": round(statistics.median(r.master_cpu_s for r in results), 2),
+                "master_cpu_total_s_p50": round(
+                    statistics.median(r.master_cpu_total_s for r in results), 2
+                ),
+                "master_hwm_mb_max": round(max(r.master_hwm_mb for r in results), 1),
+                "master_ready_s_p50": round(
+                    statistics.median(
+                        r.master_ready_s if r.master_ready_s is not None else float("nan")
+                        for r in results
+                    ),
+                    3,
+                ),
+                "doc_kib": round(results[0].sim["doc_bytes"] / 1024, 1),
+                "failures": sum(n - r.sim["doc_ok"] for r in results),
+            }
+        )
+
+    print(
+        f"\n{'workers':>7} {'converge p50 s':>14} {'master CPU s':>12} {'VmHWM MB':>9} "
+        f"{'doc KiB':>8} {'failures':>8}"
+    )
+    for row in table:
+        print(
+            f"{row['workers']:7d} {row['converge_s_p50']:14.3f} {row['master_cpu_s_p50']:12.2f} "
+            f"{row['master_hwm_mb_max']:9.1f} {row['doc_kib']:8.0f} {row['failures']:8d}"
+        )
+    targets = {}
+    big = next((row for row in table if row["workers"] == 4096), None)
+    if big is not None:
+        targets = {
+            "converge_s_4096": {
+                "value": big["converge_s_p50"],
+                "target": "<= 2",
+                "verdict": common.verdict(big["converge_s_p50"] <= 2.0),
+            },
+            "master_cpu_s_4096": {
+                "value": big["master_cpu_s_p50"],
+                "target": "< 1",
+                "verdict": common.verdict(big["master_cpu_s_p50"] < 1.0),
+            },
+        }
+        for name, t in targets.items():
+            print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict']}")
+    command = "python bench/scale.py" + (
+        " --quick"
+        if args.quick
+        else f" --sizes {' '.join(map(str, args.sizes))} --runs {args.runs}"
+    )
+    common.write_summary(
+        "scale" if not args.quick else "scale-quick",
+        {"command": command, "table": table, "targets": targets},
+    )
+    if not args.no_plot:
+        plot(table)
+
+
+def plot(table: list[dict[str, float]]) -> None:
+    plt = common.pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    xs = [row["workers"] for row in table]
+    ax1.plot(xs, [r["converge_s_p50"] for r in table], "o-", label="convergence (p50)")
+    ax1.plot(xs, [r["master_cpu_s_p50"] for r in table], "s-", label="master CPU seconds")
+    ax1.axhline(2.0, color="grey", ls="--", lw=1, label="target 2 s")
+    ax1.set(
+        xscale="log",
+        yscale="log",
+        xlabel="simulated workers",
+        ylabel="seconds",
+        title="one master, N workers",
+    )
+    ax1.legend()
+    ax2.plot(xs, [r["master_hwm_mb_max"] for r in table], "o-")
+    ax2.set(
+        xscale="log",
+        xlabel="simulated workers",
+        ylabel="master VmHWM (MB)",
+        title="master peak RSS",
+    )
+    common.save_figure(fig, "scale")
+
+
+if __name__ == "__main__":
+    main()
