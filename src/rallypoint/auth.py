@@ -115,7 +115,10 @@ class Authenticator:
         context = "announcement"
         missing = [key for key in FIELD_KEYS if key not in fields]
         if missing:
-            raise AuthError(f"unsigned announcement: no {', '.join(missing)} field; {_REMEDY}")
+            raise AuthError(
+                f"unsigned announcement: no {', '.join(missing)} field; {_REMEDY}",
+                reason="unsigned",
+            )
         _check_formats(context, fields["ts"], fields["nonce"], fields["sig"])
         unsigned = {key: value for key, value in fields.items() if key != "sig"}
         self._check_mac(context, _field_parts(unsigned), fields["sig"])
@@ -126,7 +129,7 @@ class Authenticator:
 
     def _check_mac(self, context: str, parts: list[bytes], signature: str) -> None:
         if not hmac.compare_digest(self._mac(parts), signature):
-            raise AuthError(f"rejected {context}: bad signature; {_REMEDY}")
+            raise AuthError(f"rejected {context}: bad signature; {_REMEDY}", reason="bad_signature")
 
     def _check_fresh(self, context: str, ts: int) -> None:
         skew = self._clock() - ts
@@ -134,17 +137,21 @@ class Authenticator:
             direction = "behind" if skew > 0 else "ahead of"
             raise AuthError(
                 f"rejected {context}: its timestamp is {abs(skew):.0f}s {direction} this "
-                f"node's clock (limit {self.max_skew_s:g}s); synchronise the clocks (NTP)"
+                f"node's clock (limit {self.max_skew_s:g}s); synchronise the clocks (NTP)",
+                reason="stale",
             )
 
     def _remember(self, context: str, nonce: str, ts: int) -> None:
         if ts <= self._horizon:
             raise AuthError(
                 f"rejected {context}: too old for the replay cache after heavy traffic; "
-                "the sender should retry with a fresh message"
+                "the sender should retry with a fresh message",
+                reason="stale",
             )
         if nonce in self._seen:
-            raise AuthError(f"rejected {context}: replayed message (nonce seen before)")
+            raise AuthError(
+                f"rejected {context}: replayed message (nonce seen before)", reason="replayed"
+            )
         now = self._clock()
         # Nonces whose message would now be stale cannot be replayed: forget them.
         while self._seen:
@@ -167,11 +174,13 @@ def _pick_headers(context: str, headers: Mapping[str, str]) -> dict[str, str]:
         if name is None:
             continue
         if name in found:
-            raise AuthError(f"rejected {context}: header {name} appears twice")
+            raise AuthError(f"rejected {context}: header {name} appears twice", reason="malformed")
         found[name] = value
     missing = [name for name in _HEADERS if name not in found]
     if missing:
-        raise AuthError(f"unsigned {context}: no {', '.join(missing)} header; {_REMEDY}")
+        raise AuthError(
+            f"unsigned {context}: no {', '.join(missing)} header; {_REMEDY}", reason="unsigned"
+        )
     return found
 
 
@@ -182,7 +191,7 @@ def _check_formats(context: str, timestamp: str, nonce: str, signature: str) -> 
         ("signature", signature, _SIGNATURE),
     ):
         if pattern.fullmatch(value) is None:
-            raise AuthError(f"rejected {context}: malformed {what}")
+            raise AuthError(f"rejected {context}: malformed {what}", reason="malformed")
 
 
 def _message_parts(context: str, timestamp: str, nonce: str, body: bytes) -> list[bytes]:

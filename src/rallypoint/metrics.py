@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -55,6 +59,14 @@ class Metrics:
         self.pokes_sent = Counter(
             "rallypoint_pokes_sent", "Pokes sent to workers, by result", ["result"], registry=r
         )
+        self.mdns_wakeups = Counter(
+            "rallypoint_mdns_wakeups",
+            "Join backoffs cut short because mDNS showed the master start or change generation",
+            registry=r,
+        )
+        #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).
+        self.mdns_rejections: Callable[[], Mapping[str, int]] = dict
+        r.register(_MdnsRejections(self))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
@@ -64,3 +76,20 @@ class Metrics:
         """One sample's current value (0.0 when absent): for /status and tests."""
         sample = self.registry.get_sample_value(name, labels)
         return 0.0 if sample is None else sample
+
+
+class _MdnsRejections(Collector):
+    """rallypoint_mdns_rejected_total{reason}: counted by mdns.py, exposed at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "rallypoint_mdns_rejected",
+            "mDNS announcements dropped, by reason (malformed, session, host, signature)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._metrics.mdns_rejections().items()):
+            family.add_metric([reason], count)
+        yield family

@@ -96,11 +96,13 @@ def reserve(
     port_range: tuple[int, int],
     *,
     avoid: Collection[int] = (),
+    exact: bool = False,
 ) -> HeldPort:
     """Hold the first free preferred port, else the first free one in ``port_range``.
 
-    Ports inside the ephemeral range and in ``avoid`` are never taken. Raises PortError
-    when nothing is free.
+    Ports inside the ephemeral range and in ``avoid`` are never taken. With ``exact`` only
+    the preferred ports are tried, ephemeral ones included: the user chose them, and the
+    range exclusion is for ports rallypoint picks itself. Raises PortError when nothing is free.
     """
     low, high = port_range
     if not 1 <= low <= high <= 65535:
@@ -116,7 +118,7 @@ def reserve(
     def unusable(port: int) -> str | None:
         if not 1 <= port <= 65535:
             return "not a port number (1-65535)"
-        if eph_low <= port <= eph_high:
+        if not exact and eph_low <= port <= eph_high:
             return f"inside the ephemeral range {eph_low}-{eph_high}"
         if port in avoided:
             return "already taken by another port of this sidecar"
@@ -133,6 +135,11 @@ def reserve(
                 return HeldPort(port, held, skipped)
             reason = held
         skipped.append(Skipped(port, reason))
+
+    if exact:
+        wanted = ", ".join(str(port) for port in preferred)
+        passed_over = "".join(f"; {s.port} {s.reason}" for s in skipped)
+        raise PortError(f"port {wanted} cannot be held{passed_over}; free it or choose another")
 
     for port in range(low, high + 1):
         if port in tried or unusable(port) is not None:

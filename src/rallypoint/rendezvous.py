@@ -262,9 +262,11 @@ class Rendezvous:
         # Unique across master restarts: every generation this master issues starts with it.
         self.epoch = secrets.token_hex(6)
         self.book: MasterBook | None = None
-        if spec.is_master:
-            self.book = MasterBook(spec, held["master"].port, self.epoch)
-        self.peers = {rank: PeerState(rank, host) for rank, host in enumerate(spec.hosts)}
+        self.peers: dict[int, PeerState] = {}
+        # Set once the spec names every host (at once, or after mDNS discovery: adopt()).
+        self._spec_known = asyncio.Event()
+        if spec.hosts:
+            self._take_spec(spec)
         self.doc: ClusterDoc | None = None
         self.env: Env | None = None
         #: Warnings fixed at start (no token ...) and from the last verification.
@@ -280,6 +282,8 @@ class Rendezvous:
         }
         self._ready = False
         self._phase: list[Reason] = [Reason("starting", "the sidecar is starting")]
+        if not spec.hosts:
+            self._phase = [discovering_reason(spec.nnodes, ())]
         self._shutting_down = False
         self._changed = asyncio.Event()
         self._poked = asyncio.Event()
@@ -330,8 +334,37 @@ class Rendezvous:
         """Turn not ready for a reason found outside the state machine (it crashed)."""
         self._not_ready(reason)
 
+    def adopt(self, spec: ClusterSpec, held: Mapping[str, HeldPort]) -> None:
+        """Take the spec mDNS discovery completed (with the ports it needs); run() goes on."""
+        if self._spec_known.is_set():
+            raise RuntimeError("the spec is already known")
+        if not spec.hosts:
+            raise ValueError("adopt() needs a spec with hosts")
+        self.held.update(held)
+        self._take_spec(spec)
+        log.info("spec_discovered rank=%d hosts=%s", spec.rank, ",".join(spec.hosts))
+
+    def discovering(self, reason: Reason) -> None:
+        """Show why discovery is not complete yet (only while the spec has no hosts)."""
+        if not self._spec_known.is_set():
+            self._not_ready(reason)
+
+    @property
+    def spec_known(self) -> bool:
+        """True once the spec names every host and this node's rank."""
+        return self._spec_known.is_set()
+
+    def _take_spec(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.accept_loopback = spec.loopback_ok or self.settings.allow_loopback
+        if spec.is_master:
+            self.book = MasterBook(spec, self.held["master"].port, self.epoch)
+        self.peers = {rank: PeerState(rank, host) for rank, host in enumerate(spec.hosts)}
+        self._spec_known.set()
+
     async def run(self) -> None:
         """Drive this node's side of the rendezvous until cancelled."""
+        await self._spec_known.wait()
         if self.book is not None:
             await self._run_master(self.book)
         else:
@@ -426,14 +459,22 @@ class Rendezvous:
         self._mark_joined(own, remote=None)
         self._not_ready(self._waiting_reason(book))
         # Workers may be deep in a backoff pause: wake them so nobody waits it out.
-        for host in self.spec.hosts[1:]:
-            self._spawn(self._poke(host))
+        self._poke_workers()
         after: str | None = None
         while not book.closed:
             doc = await book.wait(after, timeout_s=3600.0)
             if doc is not None:
+                first = after is None
                 after = doc.generation
                 self._accept(doc)
+                if not first:
+                    # A worker outside its long-poll (in a backoff pause after a lost
+                    # connection) would miss the new document until its pause ends.
+                    self._poke_workers()
+
+    def _poke_workers(self) -> None:
+        for host in self.spec.hosts[1:]:
+            self._spawn(self._poke(host))
 
     def _waiting_reason(self, book: MasterBook) -> Reason:
         missing = book.missing()
@@ -454,8 +495,10 @@ class Rendezvous:
             self.metrics.joins.labels("rejected").inc()
             raise
         self.metrics.joins.labels("accepted").inc()
-        book.record(request.member)
+        changed = book.record(request.member)
         self._mark_joined(request.member, remote)
+        if not changed:
+            self._recheck(request.member.host)
         log.info(
             "joined rank=%d host=%s remote=%s", request.member.rank, request.member.host, remote
         )
@@ -473,6 +516,22 @@ class Rendezvous:
         """Long-poll for a document newer than ``after`` (master only); None on timeout."""
         return await self._require_master().wait(after, self.settings.long_poll_s)
 
+    def _recheck(self, host: str) -> None:
+        """A known worker joined again: retry a verification that gave up or waits on it."""
+        task, doc = self._verify_task, self.doc
+        if self._ready or doc is None or task is None or self.book is None:
+            return
+        if doc is not self.book.doc:
+            return  # a newer document is on its way through run()
+        if task.done() or any(r.host == host for r in self._phase):
+            log.info("verification_retry trigger=join host=%s", host)
+            self._start_verification(doc)
+
+    def wake(self) -> None:
+        """Cut a worker's join backoff short (mDNS saw the master change): re-join now."""
+        if self.book is None:
+            self._poked.set()
+
     def handle_poke(self, poke: wire.Poke) -> None:
         """The master (re)started: cut the join backoff short and retry a failed verification."""
         if poke.session != self.spec.session:
@@ -486,6 +545,13 @@ class Rendezvous:
             self._start_verification(self.doc)
 
     def _require_master(self) -> MasterBook:
+        if not self._spec_known.is_set():
+            raise JoinRejected(
+                503,
+                "discovering",
+                f"this node has not finished mDNS discovery (seen {self._phase_detail()}); "
+                "retry shortly",
+            )
         if self.book is None:
             raise JoinRejected(
                 409,
@@ -494,6 +560,9 @@ class Rendezvous:
                 f"talk to {self.spec.master}",
             )
         return self.book
+
+    def _phase_detail(self) -> str:
+        return next((r.detail or "" for r in self._phase if r.code == "discovering"), "")
 
     def _mark_joined(self, member: Member, remote: str | None) -> None:
         peer = self.peers[member.rank]
@@ -926,6 +995,11 @@ class Rendezvous:
 
     # -- status -------------------------------------------------------------------------
 
+    def _role(self) -> str:
+        if not self.spec.hosts:
+            return "discovering"
+        return "master" if self.spec.is_master else "worker"
+
     def status(self) -> dict[str, object]:
         """The whole picture for /status."""
         spec = self.spec
@@ -934,14 +1008,14 @@ class Rendezvous:
             "ready": self._ready,
             "reasons": [r.as_json() for r in self.reasons()],
             "generation": self.generation,
-            "role": "master" if spec.is_master else "worker",
+            "role": self._role(),
             "spec": {
                 "provider": spec.provider,
                 "session": spec.session,
                 "hosts": list(spec.hosts),
                 "rank": spec.rank,
                 "nnodes": spec.nnodes,
-                "master": spec.master,
+                "master": spec.master if spec.hosts else None,
                 "preferred_port": spec.preferred_port,
                 "loopback_ok": spec.loopback_ok,
                 "facts": dict(spec.facts),
@@ -980,20 +1054,20 @@ class Rendezvous:
 
 
 def auth_reason(exc: AuthError) -> str:
-    """A stable metric label for an authentication failure."""
-    text = str(exc)
-    for needle, label in (
-        ("unsigned", "unsigned"),
-        ("bad signature", "bad_signature"),
-        ("replayed", "replayed"),
-        ("clock", "stale"),
-        ("too old", "stale"),
-        ("malformed", "malformed"),
-        ("appears twice", "malformed"),
-    ):
-        if needle in text:
-            return label
-    return "other"
+    """A stable metric label for an authentication failure: the reason auth.py gave it."""
+    return exc.reason
+
+
+def discovering_reason(nnodes: int, seen: Sequence[str]) -> Reason:
+    """Not ready because mDNS discovery has seen fewer than ``nnodes`` hosts of the session."""
+    names = ", ".join(seen[:8]) + (f" and {len(seen) - 8} more" if len(seen) > 8 else "")
+    return Reason(
+        "discovering",
+        f"mDNS discovery has seen {len(seen)} of {nnodes} nodes of the session"
+        + (f" ({names})" if names else "")
+        + "; start the others, or check that multicast reaches every node",
+        detail=f"{len(seen)}/{nnodes}",
+    )
 
 
 def _loopback_reason(host: str, res: Resolution) -> Reason:
@@ -1016,7 +1090,7 @@ def _refusal(status: int, payload: bytes) -> Exception:
             message = str(data.get("error", message))
             code = str(data.get("code", code))
     if status == 401:
-        return AuthError(f"the peer refused our signature: {message}")
+        return AuthError(f"the peer refused our signature: {message}", reason="refused")
     return JoinRejected(status, code, f"refused with HTTP {status}: {message}")
 
 

@@ -193,7 +193,8 @@ def peer_app(node: Rendezvous, *, run_rendezvous: bool = True) -> web.Applicatio
 
 async def _rendezvous_task(app: web.Application) -> AsyncIterator[None]:
     node = app[NODE]
-    task = asyncio.create_task(node.run(), name=f"rendezvous-{node.spec.host}")
+    # Before mDNS discovery the spec has no host yet: name the task after the session.
+    task = asyncio.create_task(node.run(), name=f"rendezvous-{node.spec.session}")
     task.add_done_callback(_report_crash(node))
     app[TASK] = task
     yield

@@ -12,12 +12,12 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from rallypoint import derive, netinfo, ports, providers, resolve, server
+from rallypoint import derive, discovery, netinfo, ports, providers, resolve, server
 from rallypoint.auth import Authenticator
-from rallypoint.errors import ClusterSpecError, PortError, RendezvousTimeout
+from rallypoint.errors import ClusterSpecError, PortError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, OverrideSource
-from rallypoint.rendezvous import PeerEndpoint, Rendezvous
+from rallypoint.rendezvous import PeerEndpoint, Reason, Rendezvous, discovering_reason
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
 
@@ -59,6 +59,8 @@ class Sidecar:
         self._mdns: Mdns | None = None
         self._mdns_error: str | None = None
         self._mdns_changed = asyncio.Event()
+        #: The master's last announcement acted on: (instance, generation, addresses).
+        self._master_seen: tuple[str, str, tuple[str, ...]] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.listeners: server.Listeners | None = None
         self.metrics = Metrics()
@@ -119,8 +121,12 @@ class Sidecar:
         )
         if settings.mdns:
             await self._start_mdns(stack, spec, auth)
-        if not spec.hosts:
-            spec = await self._discover(spec, addresses)
+        if not spec.hosts and (self._mdns is None or not self._mdns.available):
+            raise ClusterSpecError(
+                f"RALLYPOINT_DISCOVERY=mdns but mDNS is unavailable ({self._mdns_error}); "
+                "use a provider with a host list on networks without multicast"
+            )
+        # Without hosts (mDNS discovery) the rank is unknown: MASTER_PORT is held later.
         held = self._reserve(spec, user)
         for port in held.values():
             stack.callback(port.close)
@@ -141,10 +147,13 @@ class Sidecar:
             )
         self._node = await stack.enter_async_context(node)
         node.status_sections["mdns"] = self._mdns_status
-        if self._mdns is not None:
-            node.on_generation.append(self._announce_generation)
-            self._spawn(self._announce(spec.rank, "", addresses))
+        # Both APIs answer from here on; during discovery the peer API refuses joins (503).
         self.listeners = await stack.enter_async_context(server.Listeners(node, settings))
+        if self._mdns is not None:
+            mdns = self._mdns
+            self.metrics.mdns_rejections = lambda: mdns.rejections
+            node.on_generation.append(self._announce_generation)
+            self._spawn(self._follow_mdns(mdns, stack, user, addresses))
 
     async def stop(self) -> None:
         """Readiness 503 first, then the mDNS goodbye, then close everything within the grace."""
@@ -192,9 +201,12 @@ class Sidecar:
             text, source = user["MASTER_PORT"]
             wanted = int(text) if text.strip().isdigit() else None
             if wanted is not None and 1 <= wanted <= 65535:
-                # The user's port must be exactly that port: never fall back to another.
+                # The user's port must be exactly that port: never fall back to another, and
+                # never refuse it for lying in the ephemeral range (the user chose it).
                 try:
-                    return ports.reserve([wanted], (wanted, wanted), avoid=self._avoid)
+                    return ports.reserve(
+                        [wanted], settings.port_range, avoid=self._avoid, exact=True
+                    )
                 except PortError as exc:
                     raise PortError(
                         f"MASTER_PORT={wanted} (from {source}) cannot be held on this node: "
@@ -237,33 +249,76 @@ class Sidecar:
             self._mdns_error = f"{type(exc).__name__}: {exc}"
             log.warning("mdns_failed error=%s remedy=%s", self._mdns_error, "HTTP still works")
 
-    async def _discover(self, spec: ClusterSpec, addresses: Sequence[str]) -> ClusterSpec:
-        """Fill an mdns spec's hosts and rank from announcements, within the deadline."""
-        mdns = self._mdns
-        host = self.environ.get("HOSTNAME", "")
-        if mdns is None or not getattr(mdns, "available", True):
-            raise ClusterSpecError(
-                f"RALLYPOINT_DISCOVERY=mdns but mDNS is unavailable ({self._mdns_error}); "
-                "use a provider with a host list on networks without multicast"
-            )
-        from rallypoint.mdns import assign_ranks
-
-        await mdns.announce(rank=-1, generation="", addresses=addresses)
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self.settings.deadline_s
-        while (hosts := assign_ranks(mdns.peers(), spec.nnodes)) is None:
-            remaining = end - loop.time()
-            if remaining <= 0:
-                seen = len(mdns.peers())
-                raise RendezvousTimeout(
-                    f"mDNS discovery saw {seen} of {spec.nnodes} nodes within "
-                    f"{self.settings.deadline_s:g}s; check multicast on the network"
-                )
+    async def _follow_mdns(
+        self,
+        mdns: Mdns,
+        stack: AsyncExitStack,
+        user: Mapping[str, tuple[str, OverrideSource]],
+        addresses: Sequence[str],
+    ) -> None:
+        """Discover the spec when it has no hosts, then watch the master's announcement."""
+        node = self.node
+        if not node.spec_known:
+            await self._announce(-1, "", addresses)
+            spec = await self._discover(mdns, node.spec)
+            try:
+                held = self._reserve(spec, user)
+            except PortError as exc:
+                node.fail(Reason("port_unavailable", str(exc), host=spec.host))
+                return
+            for port in held.values():
+                stack.callback(port.close)
+            node.adopt(spec, held)
+        await self._announce(node.spec.rank, node.generation or "", addresses)
+        if node.spec.is_master:
+            return
+        while True:
             self._mdns_changed.clear()
+            self._check_master(mdns)
+            await self._mdns_changed.wait()
+
+    async def _discover(self, mdns: Mdns, spec: ClusterSpec) -> ClusterSpec:
+        """Wait until mDNS shows exactly NNODES hosts of the session; the spec with their ranks.
+
+        Not-ready reasons say how far it got; more hosts than NNODES is a reason too, kept
+        until the extra announcers leave (their goodbye or stale signatures drop them).
+        """
+        host = mdns.host
+        while True:
+            self._mdns_changed.clear()
+            seen = sorted({a.host for a in mdns.peers()})
+            try:
+                hosts = discovery.assign_ranks(mdns.peers(), spec.nnodes)
+            except ClusterSpecError as exc:
+                hosts = None
+                reason = Reason("discovery_conflict", str(exc), detail=f"{len(seen)}/{spec.nnodes}")
+            else:
+                reason = discovering_reason(spec.nnodes, seen)
+            if hosts is not None and host in hosts:
+                log.info("mdns_discovered hosts=%s", ",".join(hosts))
+                return dataclasses.replace(spec, hosts=hosts, rank=hosts.index(host))
+            self.node.discovering(reason)
+            # Signatures expire without an event: look again now and then.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._mdns_changed.wait(), min(remaining, 1.0))
-        log.info("mdns_discovered hosts=%s", ",".join(hosts))
-        return dataclasses.replace(spec, hosts=hosts, rank=hosts.index(host))
+                await asyncio.wait_for(self._mdns_changed.wait(), 1.0)
+
+    def _check_master(self, mdns: Mdns) -> None:
+        """mDNS fast path: the master (re)started or changed generation, so re-join at once."""
+        node = self.node
+        for announcement in mdns.peers():
+            if announcement.host != node.spec.master:
+                continue
+            seen = (announcement.instance, announcement.generation, announcement.addresses)
+            if seen == self._master_seen:
+                return
+            self._master_seen = seen
+            # An empty generation is a master without a document yet: it just started.
+            if announcement.generation and announcement.generation == node.generation:
+                return
+            log.info("mdns_master_changed generation=%s", announcement.generation or "-")
+            self.metrics.mdns_wakeups.inc()
+            node.wake()
+            return
 
     def _announce_generation(self, doc: ClusterDoc) -> None:
         self._spawn(self._announce(self.node.spec.rank, doc.generation, self.node.addresses))
@@ -279,7 +334,11 @@ class Sidecar:
     def _mdns_status(self) -> object:
         if self._mdns is None:
             return {"enabled": self.settings.mdns, "error": self._mdns_error}
-        return {"enabled": True, "error": self._mdns_error, **self._mdns.status()}
+        seen = [
+            {"host": a.host, "rank": a.rank, "generation": a.generation, "instance": a.instance}
+            for a in self._mdns.peers()
+        ]
+        return {"enabled": True, "error": self._mdns_error, **self._mdns.status(), "seen": seen}
 
     def _spawn(self, coro: Any) -> None:
         task: asyncio.Task[Any] = asyncio.create_task(coro)

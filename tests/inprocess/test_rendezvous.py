@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -18,9 +19,11 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 import pytest
 
+from rallypoint import ports
 from rallypoint.auth import Authenticator
-from rallypoint.errors import PortError
+from rallypoint.errors import AuthError, PortError
 from rallypoint.model import ClusterSpec
+from rallypoint.rendezvous import auth_reason
 from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
 from tests.fakes import FakeResolver
@@ -417,3 +420,136 @@ async def test_shutdown_turns_readiness_off_first() -> None:
         assert codes(sidecar) == {"shutting_down"}
         async with aiohttp.ClientSession() as http, http.get(c.local_url(0, "/readyz")) as resp:
             assert resp.status == 503
+
+
+def ephemeral_free_port() -> int:
+    """A port inside the kernel's ephemeral range that is free right now."""
+    low, high = ports.ephemeral_range()
+    for _ in range(50):
+        port = free_port()
+        if low <= port <= high:
+            return port
+    pytest.skip("the kernel hands out ports outside its ephemeral range")
+
+
+async def test_a_user_master_port_inside_the_ephemeral_range_is_honoured() -> None:
+    """The ephemeral-range exclusion is for ports rallypoint picks, not for the user's."""
+    wanted = ephemeral_free_port()
+    settings = base_settings(local_port=free_port(), peer_port=free_port(), frameworks={"torch"})
+    spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
+    resolver = FakeResolver({"node0": ["127.0.0.1"]})
+    async with Sidecar(settings, {"MASTER_PORT": str(wanted)}, resolver=resolver, spec=spec) as s:
+        assert s.node.held["master"].port == wanted
+        assert await s.node.wait_ready(20)
+        assert s.node.env is not None and s.node.env.get("MASTER_PORT") == str(wanted)
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ("bad signature", "unsigned"),
+        ("unsigned, replayed", "stale"),
+        ("", "malformed"),
+        ("clock", "bad_signature"),
+    ],
+)
+def test_auth_metric_labels_come_from_the_error_not_its_text(message: str, reason: str) -> None:
+    assert auth_reason(AuthError(message, reason=reason)) == reason
+
+
+def _stale_headers(body: bytes) -> dict[str, str]:
+    ten_minutes_ago = Authenticator("s3cret", clock=lambda: time.time() - 600)
+    return ten_minutes_ago.sign("POST /v1/join", body)
+
+
+def _malformed_headers(body: bytes) -> dict[str, str]:
+    headers = Authenticator("s3cret").sign("POST /v1/join", body)
+    return {**headers, "X-Rallypoint-Nonce": "not-hex"}
+
+
+@pytest.mark.parametrize(
+    ("sign", "reason"),
+    [(_stale_headers, "stale"), (_malformed_headers, "malformed")],
+    ids=["stale", "malformed"],
+)
+async def test_stale_and_malformed_signatures_are_counted(
+    sign: Callable[[bytes], dict[str, str]], reason: str
+) -> None:
+    async with cluster(2, token="s3cret") as c:
+        await c.start(0)
+        body = _join_body(1, "node1")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(c.peer_url(0, "/v1/join"), data=body, headers=sign(body)) as resp,
+        ):
+            assert resp.status == 401
+        metrics = c.nodes[0].metrics
+        assert metrics.value("rallypoint_auth_failures_total", reason=reason) == 1
+
+
+async def test_a_worker_counts_the_masters_refusal_of_its_signature() -> None:
+    async with cluster(2, token="s3cret", per_node={1: {"token": "other"}}) as c:
+        await start_all(c)
+        metrics = c.nodes[1].metrics
+        await until(lambda: metrics.value("rallypoint_auth_failures_total", reason="refused") > 0)
+
+
+def unused_low_port() -> int:
+    """A free port below the ephemeral range and rallypoint's port range: a TF port of choice."""
+    for port in range(2300, 2400):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    pytest.skip("no free port in 2300-2399")
+
+
+async def _poke(c: Cluster, rank: int) -> None:
+    body = json.dumps({"session": SESSION, "epoch": "test"}).encode()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(c.peer_url(rank, "/v1/poke"), data=body) as resp,
+    ):
+        assert resp.status == 204
+
+
+async def test_a_generation_change_pokes_workers_out_of_their_backoff() -> None:
+    """Worker 2 sleeps an hour after losing the master; only the master's poke wakes it."""
+    slow = {"backoff_initial_s": 3600.0, "backoff_max_s": 3600.0}
+    async with cluster(3, per_node={2: slow}) as c:
+        await start_all(c)
+        await all_ready(c)
+        old = c.nodes[0].node.generation
+        # Worker 2 loses the master's name, is made to re-join, fails and sleeps.
+        c.resolvers[2].remove("node0")
+        await _poke(c, 2)
+        node2 = c.nodes[2].node
+        await until(lambda: node2.master_problem is not None)
+        c.resolvers[2].set("node0", [address(0)])
+        # Worker 1 comes back with other facts: the master issues a new generation.
+        await c.stop(1)
+        c.per_node[1] = {"tf_port": unused_low_port()}
+        await c.start(1)
+        master = c.nodes[0].node
+        await until(lambda: master.generation not in (None, old) and master.ready)
+        await until(lambda: node2.generation == master.generation and node2.ready)
+        assert node2.master_problem is None
+        assert c.nodes[0].metrics.value("rallypoint_pokes_sent_total", result="accepted") >= 2
+
+
+async def test_a_worker_that_joins_again_restarts_a_verification_that_gave_up() -> None:
+    """The master gave up on node2's name; node2's next join makes it check again."""
+    async with cluster(3, per_node={0: {"deadline_s": 0.5}}) as c:
+        c.resolvers[0].remove("node2")
+        await start_all(c)
+        master = c.nodes[0].node
+        await until(lambda: "resolve_failed" in codes(c.nodes[0]))
+        await until(lambda: master._verify_task is not None and master._verify_task.done())
+        assert not master.ready
+        generation = master.generation
+        c.resolvers[0].set("node2", [address(2)])
+        await _poke(c, 2)  # node2 re-joins with the same facts: no new generation
+        await until(lambda: master.ready)
+        assert master.generation == generation
