@@ -1,0 +1,62 @@
+"""Why a node is not ready: Reason values with stable codes (docs/readiness.md) and their makers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rallypoint.errors import AuthError
+
+if TYPE_CHECKING:  # resolve.py is I/O; reasons only read a finished Resolution
+    from rallypoint.resolve import Resolution
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """Why a node is not ready: a stable machine-readable code and a one-line remedy."""
+
+    code: str
+    message: str
+    host: str | None = None
+    detail: str | None = None
+    ranks: tuple[int, ...] = ()
+
+    def as_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"code": self.code, "message": self.message}
+        if self.host is not None:
+            out["host"] = self.host
+        if self.detail is not None:
+            out["detail"] = self.detail
+        if self.ranks:
+            out["ranks"] = list(self.ranks)
+        return out
+
+
+def auth_reason(exc: AuthError) -> str:
+    """A stable metric label for an authentication failure: the reason auth.py gave it."""
+    return exc.reason
+
+
+def discovering_reason(nnodes: int, seen: Sequence[str]) -> Reason:
+    """Not ready because mDNS discovery has seen fewer than ``nnodes`` hosts of the session."""
+    names = ", ".join(seen[:8]) + (f" and {len(seen) - 8} more" if len(seen) > 8 else "")
+    return Reason(
+        "discovering",
+        f"mDNS discovery has seen {len(seen)} of {nnodes} nodes of the session"
+        + (f" ({names})" if names else "")
+        + "; start the others, or check that multicast reaches every node",
+        detail=f"{len(seen)}/{nnodes}",
+    )
+
+
+def loopback_reason(host: str, res: Resolution) -> Reason:
+    """Not ready because a peer's name resolves to loopback here."""
+    return Reason(
+        "loopback_peer",
+        f"peer {host} resolves to loopback ({', '.join(res.addresses)}) on this node, which "
+        "would connect to itself; map the name to the peer's cluster address in /etc/hosts "
+        "or DNS",
+        host=host,
+        detail=res.detail,
+    )

@@ -1,0 +1,260 @@
+"""The worker's side: join the master with capped jittered backoff, then long-poll its document."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from rallypoint import resolve, wire
+from rallypoint.errors import AuthError, PeerMessageError
+from rallypoint.masterbook import JoinRejected
+from rallypoint.metrics import Metrics
+from rallypoint.model import ClusterDoc, ClusterSpec, Member
+from rallypoint.peerhttp import PeerClient, PeerDown
+from rallypoint.reasons import Reason, auth_reason, loopback_reason
+from rallypoint.resolve import Resolver, Verdict
+from rallypoint.settings import Settings
+from rallypoint.verify import PeerState
+
+# The rendezvous logs under one name, whichever module of it speaks.
+log = logging.getLogger("rallypoint.rendezvous")
+
+#: (host name, verified address) -> (address to connect to, peer API port).
+PeerEndpoint = Callable[[str, str], tuple[str, int]]
+
+_RESOLVE_FAILED = frozenset({Verdict.NOT_FOUND, Verdict.TIMED_OUT})
+
+
+class _Rejoin(Exception):
+    """The long-poll ended in a way that calls for a new join (poke, lost connection)."""
+
+
+class Backoff:
+    """Capped full-jitter exponential backoff whose pause a poke cuts short."""
+
+    def __init__(
+        self, initial_s: float, max_s: float, wake: asyncio.Event, rng: random.Random
+    ) -> None:
+        self._initial_s = initial_s
+        self._max_s = max_s
+        self._wake = wake
+        self._rng = rng
+        self._attempt = 0
+
+    def reset(self) -> None:
+        self._attempt = 0
+
+    async def sleep(self) -> bool:
+        """Pause up to the current ceiling; True when a poke ended the pause early."""
+        ceiling = min(self._max_s, self._initial_s * 2 ** min(self._attempt, 32))
+        self._attempt += 1
+        if not self._wake.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._rng.uniform(0.0, ceiling))
+        woke = self._wake.is_set()
+        self._wake.clear()
+        if woke:
+            self.reset()
+        return woke
+
+
+class WorkerNode(Protocol):
+    """What the join loop reports to and reads from the node it runs for (the Rendezvous)."""
+
+    master_problem: Reason | None
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def doc(self) -> ClusterDoc | None: ...
+
+    def not_ready(self, *reasons: Reason) -> None: ...
+
+    def accept(self, doc: ClusterDoc) -> None: ...
+
+    def lose_generation(self, reason: Reason) -> None: ...
+
+
+class Worker:
+    """One worker's join loop: join, long-poll, re-join on a poke, a lost master or a restart."""
+
+    def __init__(
+        self,
+        node: WorkerNode,
+        spec: ClusterSpec,
+        settings: Settings,
+        *,
+        resolver: Resolver,
+        metrics: Metrics,
+        client: PeerClient,
+        endpoint: PeerEndpoint,
+        master_peer: PeerState,
+        poked: asyncio.Event,
+        rng: random.Random,
+        accept_loopback: bool,
+    ) -> None:
+        self.node = node
+        self.spec = spec
+        self.settings = settings
+        self.resolver = resolver
+        self.metrics = metrics
+        self.client = client
+        self._endpoint = endpoint
+        self._master_peer = master_peer
+        self._poked = poked
+        self._rng = rng
+        self.accept_loopback = accept_loopback
+
+    async def run(self, own: Member) -> None:
+        """Join as ``own`` and follow the master's documents until cancelled."""
+        master = self.spec.master
+        self.node.not_ready(
+            Reason("waiting_for_master", f"joining the master {master}", host=master)
+        )
+        backoff = Backoff(
+            self.settings.backoff_initial_s, self.settings.backoff_max_s, self._poked, self._rng
+        )
+        epoch: str | None = None
+        after: str | None = None
+        while True:
+            target, answer = await self._join(own, after, backoff)
+            backoff.reset()
+            if epoch is not None and answer.epoch != epoch:
+                log.warning("master_restarted old_epoch=%s new_epoch=%s", epoch, answer.epoch)
+                self.node.lose_generation(
+                    Reason(
+                        "generation_changed",
+                        f"the master {master} restarted; waiting for its new cluster document",
+                        host=master,
+                    )
+                )
+            epoch = answer.epoch
+            if self.node.doc is None:
+                self.node.not_ready(
+                    Reason(
+                        "waiting_for_cluster",
+                        f"joined {master} as rank {self.spec.rank}; {answer.joined} of "
+                        f"{answer.nnodes} nodes joined so far",
+                        host=master,
+                    )
+                )
+            while True:
+                try:
+                    doc = await self._poll(target, after)
+                except _Rejoin:
+                    break
+                if doc is None:
+                    continue
+                problem = self._foreign(doc)
+                if problem is not None:
+                    self.node.not_ready(problem)
+                    after = doc.generation
+                    continue
+                if doc.members[self.spec.rank] != own:
+                    break  # the master holds stale facts about us (we restarted): re-join
+                after = doc.generation
+                self.node.accept(doc)
+
+    async def _join(
+        self, own: Member, after: str | None, backoff: Backoff
+    ) -> tuple[tuple[str, int], wire.JoinAnswer]:
+        master = self.spec.master
+        body = wire.encode_join(wire.JoinRequest(self.spec.session, own, after))
+        while True:
+            res = await resolve.check(
+                self.resolver, master, None, timeout_s=self.settings.resolve_timeout_s
+            )
+            self.metrics.resolutions.labels(str(res.verdict)).inc()
+            self._master_peer.resolution = res
+            problem: Reason
+            if res.verdict in _RESOLVE_FAILED:
+                problem = Reason(
+                    "resolve_failed",
+                    f"the master's name {master} does not resolve here; wait for DNS or fix it",
+                    host=master,
+                    detail=res.detail,
+                )
+            elif res.verdict is Verdict.LOOPBACK and not self.accept_loopback:
+                problem = loopback_reason(master, res)
+            else:
+                problem = Reason("master_unreachable", f"no address of {master}", host=master)
+                for address in res.addresses:
+                    target = self._endpoint(master, address)
+                    try:
+                        answer = await self.client.post_join(target, body, self.spec.session)
+                    except PeerDown as exc:
+                        problem = Reason(
+                            "master_unreachable",
+                            f"cannot reach the master {master}'s peer API at {address}: "
+                            "is its sidecar running and the peer port open?",
+                            host=master,
+                            detail=str(exc),
+                        )
+                        continue
+                    except JoinRejected as exc:
+                        problem = Reason("join_rejected", str(exc), host=master, detail=exc.code)
+                        break
+                    except AuthError as exc:
+                        self.metrics.auth_failures.labels(auth_reason(exc)).inc()
+                        problem = Reason("auth_failed", str(exc), host=master)
+                        break
+                    except PeerMessageError as exc:
+                        problem = Reason(
+                            "master_answer_invalid", f"the master's join answer: {exc}", host=master
+                        )
+                        break
+                    self.metrics.join_attempts.labels("accepted").inc()
+                    self.node.master_problem = None
+                    return target, answer
+            self.metrics.join_attempts.labels(problem.code).inc()
+            if self.node.ready:
+                self.node.master_problem = problem
+            else:
+                self.node.not_ready(problem)
+            await backoff.sleep()
+
+    async def _poll(self, target: tuple[str, int], after: str | None) -> ClusterDoc | None:
+        """One long-poll; the document, None on timeout, _Rejoin on a poke or lost master."""
+        poll = asyncio.ensure_future(self.client.get_cluster(target, after))
+        poked = asyncio.ensure_future(self._poked.wait())
+        try:
+            await asyncio.wait({poll, poked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (poll, poked):
+                task.cancel()
+            await asyncio.gather(poll, poked, return_exceptions=True)
+        if not poll.done() or poll.cancelled():
+            self._poked.clear()
+            raise _Rejoin("poked")
+        try:
+            return poll.result()
+        except (PeerDown, JoinRejected) as exc:
+            log.info("master_lost master=%s error=%s", self.spec.master, exc)
+            raise _Rejoin(str(exc)) from exc
+        except AuthError as exc:
+            self.metrics.auth_failures.labels(auth_reason(exc)).inc()
+            self.node.not_ready(Reason("auth_failed", str(exc), host=self.spec.master))
+            raise _Rejoin(str(exc)) from exc
+        except PeerMessageError as exc:
+            self.node.not_ready(
+                Reason("master_answer_invalid", f"cluster document: {exc}", host=self.spec.master)
+            )
+            raise _Rejoin(str(exc)) from exc
+
+    def _foreign(self, doc: ClusterDoc) -> Reason | None:
+        """Why a document does not describe our session's spec, or None."""
+        hosts = tuple(m.host.lower() for m in doc.members)
+        if doc.session != self.spec.session or hosts != tuple(h.lower() for h in self.spec.hosts):
+            return Reason(
+                "spec_mismatch",
+                f"the master's cluster document lists {len(hosts)} hosts for session "
+                f"{doc.session!r}, which differs from this node's spec; give every node the "
+                "same node list",
+                host=self.spec.master,
+            )
+        return None
