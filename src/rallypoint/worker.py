@@ -109,6 +109,9 @@ class Worker:
         self._poked = poked
         self._rng = rng
         self.accept_loopback = accept_loopback
+        #: Why the master's last cluster document was refused (forged, tampered, invalid);
+        #: kept as the reason until a valid document arrives, so re-joins do not hide it.
+        self._refused: Reason | None = None
 
     async def run(self, own: Member) -> None:
         """Join as ``own`` and follow the master's documents until cancelled."""
@@ -134,7 +137,9 @@ class Worker:
                     )
                 )
             epoch = answer.epoch
-            if self.node.doc is None:
+            if self.node.doc is None and self._refused is not None:
+                self.node.not_ready(self._refused)
+            elif self.node.doc is None:
                 self.node.not_ready(
                     Reason(
                         "waiting_for_cluster",
@@ -158,6 +163,7 @@ class Worker:
                 if doc.members[self.spec.rank] != own:
                     break  # the master holds stale facts about us (we restarted): re-join
                 after = doc.generation
+                self._refused = None
                 self.node.accept(doc)
 
     async def _join(
@@ -238,12 +244,14 @@ class Worker:
             raise _Rejoin(str(exc)) from exc
         except AuthError as exc:
             self.metrics.auth_failures.labels(auth_reason(exc)).inc()
-            self.node.not_ready(Reason("auth_failed", str(exc), host=self.spec.master))
+            self._refused = Reason("auth_failed", str(exc), host=self.spec.master)
+            self.node.not_ready(self._refused)
             raise _Rejoin(str(exc)) from exc
         except PeerMessageError as exc:
-            self.node.not_ready(
-                Reason("master_answer_invalid", f"cluster document: {exc}", host=self.spec.master)
+            self._refused = Reason(
+                "master_answer_invalid", f"cluster document: {exc}", host=self.spec.master
             )
+            self.node.not_ready(self._refused)
             raise _Rejoin(str(exc)) from exc
 
     def _foreign(self, doc: ClusterDoc) -> Reason | None:

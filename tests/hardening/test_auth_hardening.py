@@ -203,12 +203,6 @@ def test_worker_refuses_a_forged_master(
     assert not logs.crashes()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rendezvous.Rendezvous._run_worker: after a refused cluster document the "
-    "re-join overwrites the auth_failed reason with waiting_for_cluster, so /status "
-    "mostly hides why the node is stuck",
-)
 def test_worker_keeps_saying_why_a_forged_document_is_refused(
     loop_thread: LoopThread, logs: Records
 ) -> None:

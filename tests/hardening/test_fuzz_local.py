@@ -138,12 +138,6 @@ def test_env_formats_still_serve_after_fuzzing(ready_node: Node, fmt: str) -> No
     assert b"MASTER_PORT" in reply.body
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server.Listeners._runner: aiohttp logs each request its HTTP parser refuses "
-    "at ERROR with a traceback (aiohttp.server 'Error handling request'), so any host "
-    "that reaches the peer API can fill the sidecar's log with tracebacks",
-)
 def test_protocol_errors_do_not_log_tracebacks(ready_node: Node, logs: Records) -> None:
     for port in (ready_node.local_port, ready_node.peer_port):
         for data in (

@@ -242,11 +242,6 @@ def test_odd_but_valid_host_header(ready_node: Node, logs: Records) -> None:
     assert not logs.crashes()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server._join/_poke: a client gone mid-body makes request.read() raise "
-    "ConnectionResetError, which aiohttp logs at ERROR with a traceback",
-)
 def test_truncated_body_then_close(waiting_master: Node, logs: Records) -> None:
     """Content-Length 1000, 10 bytes sent, write side closed: answered or dropped, no crash."""
     with socket.create_connection(("127.0.0.1", waiting_master.peer_port), 10) as sock:
@@ -282,11 +277,6 @@ HALF_SENT = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server._join/_poke: request.read() has no deadline; a half-sent body pins "
-    "its handler and socket until the client leaves",
-)
 def test_truncated_body_kept_open_is_bounded(waiting_master: Node) -> None:
     """A client that stops mid-body and keeps the socket open is cut off within a bound.
 
@@ -314,11 +304,6 @@ def test_truncated_body_kept_open_is_bounded(waiting_master: Node) -> None:
             sock.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/openapi.yaml: POST /v1/poke answers 413 over 64 KiB (server._observe) "
-    "but the document lists no 413 for it",
-)
 def test_openapi_documents_every_status_the_peer_api_answers() -> None:
     """ALLOWED above is no wider than docs/openapi.yaml (plus aiohttp's protocol 400)."""
     undocumented = []

@@ -90,6 +90,44 @@ def test_slowloris_does_not_stop_probes_and_is_closed_in_time(
     assert not logs.crashes()
 
 
+ABANDONED = 20
+#: Time for the server to see the disconnects and cancel the handlers; not a speed claim.
+ABANDON_BOUND_S = 5.0
+
+
+def env_waiters(node: Node) -> int:
+    waiters = json.loads(request(node.local_port, "GET", "/status").body)["env_waiters"]
+    assert isinstance(waiters, int)
+    return waiters
+
+
+def wait_for_waiters(node: Node, expected: int, bound_s: float) -> int:
+    """Poll /status until env_waiters is ``expected`` or ``bound_s`` passed; the last count."""
+    deadline = time.monotonic() + bound_s
+    while (count := env_waiters(node)) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return count
+
+
+def test_abandoned_env_long_polls_stop_waiting(waiting_master: Node, logs: Records) -> None:
+    """A client that leaves a GET /env?wait=300 frees its handler, not 300 s later."""
+    assert env_waiters(waiting_master) == 0
+    socks = [
+        socket.create_connection(("127.0.0.1", waiting_master.local_port), 10)
+        for _ in range(ABANDONED)
+    ]
+    try:
+        for sock in socks:
+            sock.sendall(b"GET /env?wait=300 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert wait_for_waiters(waiting_master, ABANDONED, ABANDON_BOUND_S) == ABANDONED
+    finally:
+        for sock in socks:
+            sock.close()
+    left = wait_for_waiters(waiting_master, 0, ABANDON_BOUND_S)
+    assert left == 0, f"{left} of {ABANDONED} abandoned /env?wait handlers still waiting"
+    assert not logs.crashes()
+
+
 def worker_address(rank: int) -> str:
     # RFC 2544 benchmarking range: never routed, and never contacted (endpoint -> loopback).
     return f"198.18.{rank // 250}.{rank % 250 + 1}"

@@ -186,12 +186,6 @@ def test_sigterm_readiness_goodbye_and_exit(serve_mdns: Serve) -> None:
         loop.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rendezvous.Rendezvous.wait_ready keeps waiting after begin_shutdown, so a "
-    "GET /env?wait in flight at SIGTERM is dropped without an answer when the runner "
-    "cancels it after shutdown_grace_s",
-)
 def test_sigterm_answers_the_long_poll_in_flight(serve: Serve) -> None:
     """The long-poll in flight gets the verdict (503 shutting_down), not a dropped connection."""
     proc = serve.start()
