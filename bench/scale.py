@@ -43,7 +43,8 @@ def main() -> None:
                 f"N={n:5d} run {i}: joined {s['join_ok']}/{n}, documents {s['doc_ok']}/{n}, "
                 f"converged {converge:.3f} s, master CPU {r.master_cpu_s:.2f} s "
                 f"(total {r.master_cpu_total_s:.2f} s), VmHWM {r.master_hwm_mb:.1f} MB, "
-                f"doc {s['doc_bytes'] / 1024:.0f} KiB, errors {s['errors']}"
+                f"doc {s['doc_bytes'] / 1024:.0f} KiB ({s['doc_wire_bytes'] / 1024:.0f} KiB "
+                f"on the wire), simulator CPU {s['sim_cpu_s']:.2f} s, errors {s['errors']}"
             )
         converged = [c for c, _ in runs]
         results = [r for _, r in runs]
@@ -71,18 +72,21 @@ def main() -> None:
                     3,
                 ),
                 "doc_kib": round(results[0].sim["doc_bytes"] / 1024, 1),
+                "doc_wire_kib": round(results[0].sim["doc_wire_bytes"] / 1024, 1),
+                "sim_cpu_s_p50": statistics.median(r.sim["sim_cpu_s"] for r in results),
                 "failures": sum(n - r.sim["doc_ok"] for r in results),
             }
         )
 
     print(
         f"\n{'workers':>7} {'converge p50 s':>14} {'master CPU s':>12} {'VmHWM MB':>9} "
-        f"{'doc KiB':>8} {'failures':>8}"
+        f"{'doc KiB':>8} {'sim CPU s':>9} {'failures':>8}"
     )
     for row in table:
         print(
             f"{row['workers']:7d} {row['converge_s_p50']:14.3f} {row['master_cpu_s_p50']:12.2f} "
-            f"{row['master_hwm_mb_max']:9.1f} {row['doc_kib']:8.0f} {row['failures']:8d}"
+            f"{row['master_hwm_mb_max']:9.1f} {row['doc_kib']:8.0f} {row['sim_cpu_s_p50']:9.2f} "
+            f"{row['failures']:8d}"
         )
     targets = {}
     big = next((row for row in table if row["workers"] == 4096), None)

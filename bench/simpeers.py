@@ -2,9 +2,10 @@
 
 Each simulated worker opens one keep-alive connection to the master's peer API, POSTs a
 signed /v1/join (rank, host w<rank>, the given address) and then long-polls a signed
-GET /v1/cluster until it holds the cluster document. All workers start together. The
-answers' signatures are not checked (that would only load this process); the document of
-one worker is parsed fully with rallypoint.wire to prove it is well formed.
+GET /v1/cluster until it holds the cluster document, offering gzip as aiohttp's client (the
+real worker) does. All workers start together. The answers' signatures are not checked
+(that would only load this process); the document of one worker is decoded, checked
+against its signature and parsed fully with rallypoint.wire to prove it is well formed.
 
 Prints one JSON line: start time (time.monotonic, shared by every namespace of the host),
 join latencies, seconds until each worker held the document, and failures.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import resource
 import time
@@ -24,6 +26,7 @@ from collections import Counter
 
 from rallypoint import wire
 from rallypoint.auth import Authenticator
+from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.model import Member
 
 
@@ -34,8 +37,8 @@ async def http(
     path: str,
     headers: dict[str, str],
     body: bytes = b"",
-) -> tuple[int, bytes]:
-    """One HTTP/1.1 request on an open keep-alive connection: (status, body)."""
+) -> tuple[int, bytes, dict[str, str]]:
+    """One HTTP/1.1 request on an open keep-alive connection: (status, body, headers)."""
     lines = [f"{method} {path} HTTP/1.1", "Host: master", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
@@ -43,12 +46,12 @@ async def http(
     if not status_line:
         raise ConnectionError("the master closed the connection")
     status = int(status_line.split()[1])
-    length = 0
+    answer: dict[str, str] = {}
     while (line := await reader.readline()) not in (b"\r\n", b""):
         name, _, value = line.decode("latin-1").partition(":")
-        if name.lower() == "content-length":
-            length = int(value)
-    return status, await reader.readexactly(length)
+        answer[name.strip().lower()] = value.strip()
+    length = int(answer.get("content-length", "0"))
+    return status, await reader.readexactly(length), answer
 
 
 async def worker(
@@ -73,7 +76,7 @@ async def worker(
     phase = "join_errors"
     try:
         headers = {"Content-Type": "application/json", **auth.sign("POST /v1/join", body)}
-        status, _ = await asyncio.wait_for(
+        status, _, _ = await asyncio.wait_for(
             http(reader, writer, "POST", "/v1/join", headers, body), args.timeout
         )
         if status != 200:
@@ -84,8 +87,8 @@ async def worker(
         if args.no_poll:
             return
         while True:
-            headers = auth.sign("GET /v1/cluster?after=", b"")
-            status, doc = await asyncio.wait_for(
+            headers = {"Accept-Encoding": "gzip", **auth.sign("GET /v1/cluster?after=", b"")}
+            status, doc, answer = await asyncio.wait_for(
                 http(reader, writer, "GET", "/v1/cluster", headers), args.timeout
             )
             if status == 200:
@@ -94,11 +97,23 @@ async def worker(
                 out["doc_errors"].append(f"http {status}")
                 return
         out["doc_at"].append(time.monotonic())
-        out["doc_bytes"].append(len(doc))
+        out["doc_wire_bytes"].append(len(doc))
         if rank == 1:
+            if answer.get("content-encoding") == "gzip":
+                doc = gzip.decompress(doc)
+            checker = Authenticator(args.token or None)
+            checker.verify("200 /v1/cluster", doc, answer)
             parsed = wire.parse_cluster_doc(doc)
             out["doc_members"].append(len(parsed.members))
-    except (OSError, TimeoutError, ConnectionError, asyncio.IncompleteReadError) as exc:
+            out["doc_bytes"].append(len(doc))
+    except (
+        OSError,
+        TimeoutError,
+        ConnectionError,
+        asyncio.IncompleteReadError,
+        AuthError,
+        PeerMessageError,
+    ) as exc:
         out[phase].append(type(exc).__name__)
     finally:
         writer.close()
@@ -108,15 +123,26 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     auth = Authenticator(args.token or None)
     go = asyncio.Event()
     out: dict[str, list[object]] = {
-        k: [] for k in ("join_s", "join_errors", "doc_at", "doc_bytes", "doc_errors", "doc_members")
+        k: []
+        for k in (
+            "join_s",
+            "join_errors",
+            "doc_at",
+            "doc_bytes",
+            "doc_wire_bytes",
+            "doc_errors",
+            "doc_members",
+        )
     }
     tasks = [
         asyncio.create_task(worker(rank, args, auth, go, out)) for rank in range(1, args.count + 1)
     ]
     await asyncio.sleep(0.2)  # every task is parked on go.wait()
     start = time.monotonic()
+    cpu0 = time.process_time()
     go.set()
     await asyncio.gather(*tasks)
+    sim_cpu_s = time.process_time() - cpu0
     errors = Counter(str(e) for e in out["join_errors"] + out["doc_errors"])
     return {
         "start": start,
@@ -126,8 +152,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         "doc_ok": len(out["doc_at"]),
         "doc_s": [float(t) - start for t in out["doc_at"]],  # type: ignore[arg-type]
         "doc_bytes": max(out["doc_bytes"], default=0),
+        "doc_wire_bytes": max(out["doc_wire_bytes"], default=0),
         "doc_members": out["doc_members"][0] if out["doc_members"] else None,
         "errors": dict(errors),
+        # The simulator's own CPU over the run: near the wall time means it, not the
+        # master, set the pace (one process on one core plays every worker).
+        "sim_cpu_s": round(sim_cpu_s, 2),
     }
 
 

@@ -38,6 +38,7 @@ FIELD_KEYS = ("ts", "nonce", "sig")
 NONCE_CACHE_SIZE = 65536
 
 _MESSAGE_TAG = b"rallypoint-message-v1"
+_DIGEST_BYTES = hashlib.sha256().digest_size
 _FIELDS_TAG = b"rallypoint-fields-v1"
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _NONCE = re.compile(r"[0-9a-f]{32}")
@@ -79,9 +80,24 @@ class Authenticator:
         """The three signature headers for a message; {} when authentication is off."""
         if not self.enabled:
             return {}
+        return self.sign_digest(context, hashlib.sha256(body).digest())
+
+    def sign_digest(self, context: str, body_sha256: bytes) -> dict[str, str]:
+        """sign() for a body given by its SHA-256 digest (32 bytes); the same headers.
+
+        For a large body sent many times (the cluster document): each answer still gets its
+        own timestamp and nonce, since receivers refuse a nonce they have seen.
+        """
+        if not self.enabled:
+            return {}
+        if len(body_sha256) != _DIGEST_BYTES:
+            raise ValueError(
+                f"body_sha256 must be a {_DIGEST_BYTES}-byte SHA-256 digest, "
+                f"got {len(body_sha256)} bytes"
+            )
         timestamp = str(int(self._clock()))
         nonce = secrets.token_hex(16)
-        signature = self._mac(_message_parts(context, timestamp, nonce, body))
+        signature = self._mac(_digest_parts(context, timestamp, nonce, body_sha256))
         return {TIMESTAMP_HEADER: timestamp, NONCE_HEADER: nonce, SIGNATURE_HEADER: signature}
 
     def verify(self, context: str, body: bytes, headers: Mapping[str, str]) -> None:
@@ -195,8 +211,11 @@ def _check_formats(context: str, timestamp: str, nonce: str, signature: str) -> 
 
 
 def _message_parts(context: str, timestamp: str, nonce: str, body: bytes) -> list[bytes]:
-    parts = [_MESSAGE_TAG, _utf8(context), timestamp.encode(), nonce.encode()]
-    return [*parts, hashlib.sha256(body).digest()]
+    return _digest_parts(context, timestamp, nonce, hashlib.sha256(body).digest())
+
+
+def _digest_parts(context: str, timestamp: str, nonce: str, body_sha256: bytes) -> list[bytes]:
+    return [_MESSAGE_TAG, _utf8(context), timestamp.encode(), nonce.encode(), body_sha256]
 
 
 def _field_parts(fields: Mapping[str, str]) -> list[bytes]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
+import hashlib
+from dataclasses import dataclass
 
 from rallypoint import wire
 from rallypoint.errors import PeerMessageError
@@ -18,6 +21,28 @@ class JoinRejected(PeerMessageError):
         self.code = code
 
 
+#: Documents smaller than this are always sent as they are: gzip would not pay for itself.
+GZIP_MIN_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedDoc:
+    """A cluster document encoded once: its JSON body, that body's SHA-256 and gzip of it."""
+
+    body: bytes
+    sha256: bytes
+    #: ``body`` gzipped (deterministically: mtime 0), or None when the body is small.
+    gzipped: bytes | None
+
+    @classmethod
+    def of(cls, doc: ClusterDoc) -> EncodedDoc:
+        body = wire.encode_cluster_doc(doc)
+        # The document is repetitive JSON (~7x smaller gzipped): at thousands of nodes the
+        # bytes written to every long-poll, not the CPU to encode them once, are the cost.
+        packed = gzip.compress(body, mtime=0) if len(body) >= GZIP_MIN_BYTES else None
+        return cls(body, hashlib.sha256(body).digest(), packed)
+
+
 class MasterBook:
     """The master's record of joined nodes and the cluster document derived from it."""
 
@@ -27,6 +52,11 @@ class MasterBook:
         self.epoch = epoch
         self.members: dict[int, Member] = {}
         self.doc: ClusterDoc | None = None
+        #: ``doc`` encoded once when issued: every long-poll answer shares the bytes
+        #: (re-encoding per answer made N answers cost O(N^2)).
+        self.encoded_doc: EncodedDoc | None = None
+        # Ranks not joined yet: a join updates it in O(1) instead of rescanning every rank.
+        self._missing = set(range(spec.nnodes))
         self._counter = 0
         self._changed = asyncio.Event()
         self._closed = False
@@ -41,7 +71,19 @@ class MasterBook:
         self._changed.set()
 
     def missing(self) -> list[int]:
-        return [r for r in range(self.spec.nnodes) if r not in self.members]
+        """The ranks that have not joined yet, in order."""
+        return sorted(self._missing)
+
+    @property
+    def missing_count(self) -> int:
+        """How many ranks have not joined yet (O(1), unlike ``missing()``)."""
+        return len(self._missing)
+
+    def encoded(self, doc: ClusterDoc) -> EncodedDoc:
+        """``doc`` encoded for GET /v1/cluster; the cached encoding when it is ``self.doc``."""
+        if doc is self.doc and self.encoded_doc is not None:
+            return self.encoded_doc
+        return EncodedDoc.of(doc)
 
     def check(self, request: wire.JoinRequest) -> None:
         """Refuse joins from another session, outside the spec, or from the wrong host."""
@@ -71,7 +113,8 @@ class MasterBook:
     def record(self, member: Member) -> bool:
         """Store a join; True when it produced a new cluster document."""
         self.members[member.rank] = member
-        if self.missing():
+        self._missing.discard(member.rank)
+        if self._missing:
             return False
         members = tuple(self.members[r] for r in range(self.spec.nnodes))
         if self.doc is not None and self.doc.members == members:
@@ -84,6 +127,7 @@ class MasterBook:
             master_port=self.master_port,
             members=members,
         )
+        self.encoded_doc = EncodedDoc.of(self.doc)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         return True

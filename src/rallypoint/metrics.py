@@ -64,9 +64,23 @@ class Metrics:
             "Join backoffs cut short because mDNS showed the master start or change generation",
             registry=r,
         )
+        self._request_children: dict[tuple[str, str, int], Counter] = {}
         #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).
         self.mdns_rejections: Callable[[], Mapping[str, int]] = dict
         r.register(_MdnsRejections(self))
+
+    def request_counter(self, api: str, route: str, status: int) -> Counter:
+        """The rallypoint_http_requests child for these labels, resolved once and cached.
+
+        ``labels()`` takes a lock and builds a key on every call: too much per request.
+        The label sets are few (the routes are fixed, statuses a handful).
+        """
+        key = (api, route, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self.requests.labels(api, route, str(status))
+            self._request_children[key] = child
+        return child
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

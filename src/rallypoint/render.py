@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -34,6 +35,16 @@ def render(values: Mapping[str, str], fmt: str) -> str:
     if fmt == "sh":
         return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in values.items())
     return "".join(f"{key}={dotenv_quote(key, value)}\n" for key, value in values.items())
+
+
+@functools.lru_cache(maxsize=32)
+def render_bytes(values: tuple[tuple[str, str], ...], fmt: str) -> bytes:
+    """``render(dict(values), fmt)`` as UTF-8, memoised: /env serves the same env many times.
+
+    ``values`` is an Env's (key, value) pairs, hashable and immutable, so a cached answer
+    can never be stale; errors are raised again on every call (they are not cached).
+    """
+    return render(dict(values), fmt).encode()
 
 
 def dotenv_quote(key: str, value: str) -> str:

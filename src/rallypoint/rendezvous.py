@@ -113,6 +113,7 @@ class Rendezvous:
         if not spec.hosts:
             self._phase = [discovering_reason(spec.nnodes, ())]
         self._shutting_down = False
+        self._waiters = 0
         self._changed = asyncio.Event()
         self._poked = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -151,6 +152,7 @@ class Rendezvous:
         """Turn not ready for good (SIGTERM): /readyz answers 503 from now on."""
         self.not_ready(Reason("shutting_down", "the sidecar is shutting down"))
         self._shutting_down = True  # after: not_ready ignores calls once shutting down
+        self._notify()  # wait_ready returns: a long-poll in flight gets the 503 verdict
         if self.book is not None:
             self.book.close()
 
@@ -244,17 +246,26 @@ class Rendezvous:
         env_warnings = list(self.env.warnings) if self.env is not None else []
         return [*self.static_warnings, *self.verify_warnings, *env_warnings]
 
+    @property
+    def env_waiters(self) -> int:
+        """How many wait_ready calls (GET /env?wait) are waiting right now."""
+        return self._waiters
+
     async def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until ready or ``timeout_s`` passed; whether the node is ready."""
+        """Wait until ready, shutting down or ``timeout_s`` passed; whether the node is ready."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
-        while not self._ready:
-            remaining = end - loop.time()
-            if remaining <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
-        return True
+        self._waiters += 1
+        try:
+            while not self._ready and not self._shutting_down:
+                remaining = end - loop.time()
+                if remaining <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+        finally:
+            self._waiters -= 1
+        return self._ready
 
     def not_ready(self, *reasons: Reason) -> None:
         """Turn (or stay) not ready for ``reasons``; ignored once shutting down."""
@@ -555,6 +566,7 @@ class Rendezvous:
             ],
             "user_values": sorted(self.user),
             "warnings": self.warnings(),
+            "env_waiters": self.env_waiters,
             "master_problem": None
             if self.master_problem is None
             else self.master_problem.as_json(),

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
 from rallypoint import render, wire
@@ -36,9 +37,14 @@ LOCAL_MAX_BYTES = 1024
 #: A join body is a few hundred bytes; anything near this is not a peer of ours.
 PEER_MAX_BYTES = 64 * 1024
 KEEPALIVE_S = 5.0
-BACKLOG = 1024
+#: Listen backlog (the kernel caps it at net.core.somaxconn): a herd of joins arrives at once.
+BACKLOG = 4096
 #: ?wait= is capped so an idle client cannot hold a connection forever; clients loop.
 MAX_WAIT_S = 300.0
+#: A peer that stops mid-body is answered 408 after this, so it cannot pin a handler.
+BODY_TIMEOUT_S = 5.0
+#: After answering early (408, 413), unread body bytes are drained this long, not aiohttp's 10 s.
+LINGER_S = 1.0
 
 _NO_STORE = {"Cache-Control": "no-store"}
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -65,7 +71,7 @@ def _observe(api: str) -> Middleware:
         except web.HTTPRequestEntityTooLarge as exc:
             response = error_response(413, exc.text or "request body too large", "too_large")
         except web.HTTPException as exc:
-            node.metrics.requests.labels(api, route, str(exc.status)).inc()
+            node.metrics.request_counter(api, route, exc.status).inc()
             raise
         except AuthError as exc:
             node.metrics.auth_failures.labels(auth_reason(exc)).inc()
@@ -75,7 +81,7 @@ def _observe(api: str) -> Middleware:
             response = error_response(exc.status, str(exc), exc.code)
         except PeerMessageError as exc:
             response = error_response(400, str(exc), "bad_request")
-        node.metrics.requests.labels(api, route, str(response.status)).inc()
+        node.metrics.request_counter(api, route, response.status).inc()
         return response
 
     return middleware
@@ -118,13 +124,22 @@ def _single(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
     return {key: query[key] for key in query}
 
 
-def _json_line(message: str) -> str:
-    return json.dumps({"error": message})
+def _json_line(message: str, code: str | None = None) -> str:
+    return json.dumps({"error": message} if code is None else {"error": message, "code": code})
+
+
+#: /env's constant headers per format (Content-Type spelled out: the body is ready bytes).
+_ENV_HEADERS = {
+    "json": {**_NO_STORE, "Content-Type": "application/json; charset=utf-8"},
+    "sh": {**_NO_STORE, "Content-Type": "text/plain; charset=utf-8"},
+    "dotenv": {**_NO_STORE, "Content-Type": "text/plain; charset=utf-8"},
+}
 
 
 async def _env(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    params = _single(request, ("format", "wait"))
+    # Most calls carry no query: skip parsing it.
+    params = _single(request, ("format", "wait")) if request.query_string else {}
     fmt = params.get("format", "json")
     if fmt not in render.FORMATS:
         return error_response(400, f"format {fmt!r} is not one of {', '.join(render.FORMATS)}")
@@ -141,12 +156,10 @@ async def _env(request: web.Request) -> web.Response:
     env = node.env
     if not node.ready or env is None:
         return _not_ready(node.reasons())
-    content_type = "application/json" if fmt == "json" else "text/plain"
-    headers = dict(_NO_STORE)
+    headers = dict(_ENV_HEADERS[fmt])
     headers["X-Rallypoint-Generation"] = node.generation or ""
-    return web.Response(
-        text=render.render(env.as_dict(), fmt), content_type=content_type, headers=headers
-    )
+    # Rendered once per (env, format): json's indent=2 takes the pure-Python encoder.
+    return web.Response(body=render.render_bytes(env.values, fmt), headers=headers)
 
 
 async def _readyz(request: web.Request) -> web.Response:
@@ -214,9 +227,32 @@ def _report_crash(node: Rendezvous) -> Callable[[asyncio.Task[None]], None]:
     return done
 
 
+async def _read_body(request: web.Request) -> bytes:
+    """The whole body within BODY_TIMEOUT_S: 408 past it, 400 if the client breaks off."""
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            return await request.read()
+    except TimeoutError:
+        log.debug("body_timeout route=%s remote=%s", request.path, request.remote)
+        raise web.HTTPRequestTimeout(
+            text=_json_line(
+                f"the request body did not arrive within {BODY_TIMEOUT_S:g}s", "body_timeout"
+            ),
+            content_type="application/json",
+        ) from None
+    except (ConnectionResetError, HttpProcessingError) as exc:
+        # The client left (or broke the framing) mid-body: nobody reads the answer, and
+        # aiohttp would log the error with a traceback if it escaped the handler.
+        log.debug("body_broken route=%s remote=%s error=%r", request.path, request.remote, exc)
+        raise web.HTTPBadRequest(
+            text=_json_line("the request body ended before its declared length", "bad_request"),
+            content_type="application/json",
+        ) from None
+
+
 async def _join(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    body = await request.read()
+    body = await _read_body(request)
     node.auth.verify("POST /v1/join", body, request.headers)
     answer = node.handle_join(wire.parse_join(body), request.remote)
     return _signed(node, "200 /v1/join", wire.encode_join_answer(answer))
@@ -230,9 +266,22 @@ async def _cluster(request: web.Request) -> web.Response:
     if after is not None:
         wire.generation(after, "after")
     doc = await node.handle_cluster(after)
-    if doc is None:
+    book = node.book  # never None here: handle_cluster answers on the master only
+    if doc is None or book is None:
         return web.Response(status=204, headers=_NO_STORE)
-    return _signed(node, "200 /v1/cluster", wire.encode_cluster_doc(doc))
+    # The book encoded, hashed and gzipped the document once when it issued it: per answer
+    # only a fresh signature (own timestamp and nonce) over that digest, never O(N) work.
+    encoded = book.encoded(doc)
+    headers = dict(_NO_STORE)
+    headers.update(node.auth.sign_digest("200 /v1/cluster", encoded.sha256))
+    payload = encoded.body
+    if encoded.gzipped is not None:
+        headers["Vary"] = "Accept-Encoding"
+        if wire.accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            # The signature covers the decoded body, which HTTP clients hand back.
+            headers["Content-Encoding"] = "gzip"
+            payload = encoded.gzipped
+    return web.Response(body=payload, content_type="application/json", headers=headers)
 
 
 async def _ready(request: web.Request) -> web.Response:
@@ -243,7 +292,7 @@ async def _ready(request: web.Request) -> web.Response:
 
 async def _poke(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    body = await request.read()
+    body = await _read_body(request)
     node.auth.verify("POST /v1/poke", body, request.headers)
     node.handle_poke(wire.parse_poke(body))
     return web.Response(status=204, headers=_NO_STORE)
@@ -256,6 +305,20 @@ def _signed(node: Rendezvous, context: str, payload: bytes) -> web.Response:
 
 
 # -- listeners ------------------------------------------------------------------------------
+
+
+def _quiet_protocol_errors(record: logging.LogRecord) -> bool:
+    """Logging filter: a request aiohttp's parser refused becomes one debug line, no traceback.
+
+    Anyone who reaches the peer port can send such requests; an ERROR with a traceback
+    for each would let them fill the log. Every other record passes unchanged.
+    """
+    exc = record.exc_info[1] if record.exc_info else None
+    if not isinstance(exc, HttpProcessingError):
+        return True
+    remote = record.args[0] if isinstance(record.args, tuple) and record.args else None
+    log.debug("bad_http_request remote=%s status=%s error=%.200r", remote, exc.code, exc.message)
+    return False
 
 
 class Listeners:
@@ -288,11 +351,12 @@ class Listeners:
     async def start(self) -> None:
         """Bind the local API on every local host, then the peer API (starts the rendezvous)."""
         settings = self.settings
-        local = await self._runner(local_app(self.node))
+        # A /env?wait whose client left stops waiting at once (aiohttp leaves it off).
+        local = await self._runner(local_app(self.node), handler_cancellation=True)
         for host in settings.local_hosts:
             if await self._bind(local, host, settings.local_port, "local", quiet_v6=True):
                 self.local_bound.append((host, settings.local_port))
-        peer = await self._runner(peer_app(self.node))
+        peer = await self._runner(peer_app(self.node), handler_cancellation=False)
         await self._bind(peer, settings.peer_host, settings.peer_port, "peer", quiet_v6=False)
         self.peer_bound.append((settings.peer_host, settings.peer_port))
         log.info(
@@ -308,11 +372,16 @@ class Listeners:
         for runner in reversed(runners):
             await runner.cleanup()
 
-    async def _runner(self, app: web.Application) -> web.AppRunner:
+    async def _runner(self, app: web.Application, *, handler_cancellation: bool) -> web.AppRunner:
+        http_log = logging.getLogger(f"{__name__}.http")
+        http_log.addFilter(_quiet_protocol_errors)  # a no-op when already there
         runner = web.AppRunner(
             app,
             handle_signals=False,
             access_log=None,
+            logger=http_log,
+            handler_cancellation=handler_cancellation,
+            lingering_time=LINGER_S,
             keepalive_timeout=KEEPALIVE_S,
             shutdown_timeout=self.settings.shutdown_grace_s,
         )
