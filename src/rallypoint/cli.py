@@ -349,7 +349,7 @@ _settings_options = _apply(
     ),
     _opt(
         "--strict-self/--no-strict-self",
-        "Own name resolving to loopback is fatal.",
+        "Own name on loopback is fatal even with --emit-ifname.",
         default=_S.strict_self,
     ),
     _opt(

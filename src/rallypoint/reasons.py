@@ -60,3 +60,25 @@ def loopback_reason(host: str, res: Resolution) -> Reason:
         host=host,
         detail=res.detail,
     )
+
+
+def self_loopback_reason(
+    host: str, loopback: Sequence[str], *, detail: str | None, emit_ifname: bool
+) -> Reason:
+    """Not ready because this node's own name resolves to loopback and no interface is pinned."""
+    # Without GLOO_SOCKET_IFNAME gloo binds and publishes what its own host name resolves to,
+    # and peers whose address sorts above it dial loopback (measured: docs/loopback.md).
+    where = f"this node's own name {host} resolves to loopback ({', '.join(loopback)})"
+    fix = f"map {host} to its cluster address in /etc/hosts"
+    remedy = (
+        f"--emit-ifname found no interface that routes to the master, so {fix}"
+        if emit_ifname
+        else f"{fix}, or run with --emit-ifname so GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME pin "
+        "the interface that routes to the master"
+    )
+    return Reason(
+        "self_loopback",
+        f"{where}, which gloo would publish to its peers; {remedy} (see docs/loopback.md)",
+        host=host,
+        detail=detail,
+    )

@@ -3,9 +3,10 @@
 Loopback policy: a name is LOOPBACK when *any* of its addresses is loopback, not only the
 first. getaddrinfo sorts answers by RFC 6724, so the loopback one may well be what connect()
 tries first, and a client that walks the list connects to itself before it reaches the real
-address. Whether LOOPBACK is fatal is the caller's decision (fatal for a peer's name, a warning
-for the node's own name unless --strict-self); ``accept_loopback`` serves single-node and demo
-runs where every node shares this host.
+address. Whether LOOPBACK is fatal is the caller's decision (verify.py: fatal for a peer's
+name; for the node's own name fatal unless --emit-ifname serves an interface, see
+docs/loopback.md); ``accept_loopback`` serves single-node and demo runs where every node
+shares this host.
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def scope_ranks(
     AUTO_ALL_MAX_NODES nodes, else the master, this rank, its ring neighbours and ``sample``
     other ranks drawn with a generator seeded by ``seed`` and the rank, so that every run of
     the same session checks the same names. The own rank is there for the self check
-    (Debian's 127.0.1.1 line), which the caller reports as a warning.
+    (Debian's 127.0.1.1 line), which the caller judges (verify.judge_own).
     """
     if nnodes < 1:
         raise ValueError(f"nnodes must be at least 1, got {nnodes}")

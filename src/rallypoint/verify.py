@@ -11,7 +11,7 @@ from rallypoint import derive, netinfo, resolve
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, DeriveOptions, Env, Member, OverrideSource
-from rallypoint.reasons import Reason, loopback_reason
+from rallypoint.reasons import Reason, loopback_reason, self_loopback_reason
 from rallypoint.resolve import Resolution, Resolver, Verdict
 from rallypoint.settings import Settings
 
@@ -104,25 +104,29 @@ class Verifier:
         own = await self._check_own(doc.members[spec.rank])
         results = await asyncio.gather(*(self._verify_peer(doc, doc.members[r]) for r in peers))
         failures = [r for r in (self.peer_reason(res) for res in results) if r is not None]
-        self_reason, self_warning = self._judge_own(own)
+        ifname = await self._served_ifname(doc, own)
+        self_reason, self_warning = self._judge_own(own, ifname)
         if self_reason is not None:
             failures.insert(0, self_reason)
+        elif self_warning is not None:
+            log.warning("own_name verdict=%s host=%s ifname=%s", own.verdict, own.host, ifname)
         return Checked(failures, self_warning, own)
 
     async def derive(self, doc: ClusterDoc, own: Resolution) -> Env | Reason:
         """The env for a checked document, or why it cannot be derived."""
         spec = self.spec
         master_ip = self._master_address(doc, own)
+        ifname = await self._route_ifname(master_ip)
+        # The route may have changed since check(): judge our own name by what is served now.
+        self_reason, _ = self._judge_own(own, self._user_ifname() or ifname)
+        if self_reason is not None:
+            return self_reason
         options = DeriveOptions(
             nproc_per_node=self.settings.nproc_per_node,
             frameworks=self.settings.frameworks,
             tf_layout=self.settings.tf_layout,
             master_ip=master_ip if self.settings.master_addr_mode == "ip" else None,
-            ifname=(
-                await asyncio.to_thread(netinfo.route_ifname, master_ip)
-                if self.settings.emit_ifname and master_ip is not None
-                else None
-            ),
+            ifname=ifname,
             user=self.user,
         )
         if self.settings.master_addr_mode == "ip" and master_ip is None:
@@ -149,27 +153,26 @@ class Verifier:
         self.peers[self.spec.rank].resolution = res
         return res
 
-    def _judge_own(self, res: Resolution) -> tuple[Reason | None, str | None]:
-        """Own name on loopback (Debian's 127.0.1.1): a warning, fatal with --strict-self."""
-        if res.verdict is Verdict.OK or (res.verdict is Verdict.LOOPBACK and self.accept_loopback):
-            return None, None
-        host = self.spec.host
-        if res.verdict is Verdict.LOOPBACK:
-            text = (
-                f"this node's own name {host} resolves to loopback "
-                f"({', '.join(res.addresses)}); fix /etc/hosts or use --emit-ifname"
-            )
-        else:
-            text = f"this node's own name {host} does not check out: {res.detail}"
-        if self.settings.strict_self:
-            return Reason(
-                "strict_self",
-                f"{text} (fatal with --strict-self)",
-                host=host,
-                detail=str(res.verdict),
-            ), None
-        log.warning("own_name verdict=%s host=%s", res.verdict, host)
-        return None, text
+    def _judge_own(self, res: Resolution, ifname: str | None) -> tuple[Reason | None, str | None]:
+        """judge_own for this node; a lone node has no peer to misroute."""
+        accept = self.accept_loopback or self.spec.nnodes == 1
+        return judge_own(res, self.settings, accept_loopback=accept, ifname=ifname)
+
+    async def _served_ifname(self, doc: ClusterDoc, own: Resolution) -> str | None:
+        """The interface gloo will bind: the user's GLOO_SOCKET_IFNAME, else --emit-ifname's."""
+        if own.verdict is not Verdict.LOOPBACK:
+            return None  # only a loopback own name depends on it; spare the route lookup
+        return self._user_ifname() or await self._route_ifname(self._master_address(doc, own))
+
+    def _user_ifname(self) -> str | None:
+        user = self.user.get("GLOO_SOCKET_IFNAME")
+        return user[0] if user is not None else None
+
+    async def _route_ifname(self, master_ip: str | None) -> str | None:
+        """With --emit-ifname, the interface that routes to the master; None if off or unknown."""
+        if not self.settings.emit_ifname or master_ip is None:
+            return None
+        return await asyncio.to_thread(netinfo.route_ifname, master_ip)
 
     async def _verify_peer(self, doc: ClusterDoc, member: Member) -> Resolution:
         peer = self.peers[member.rank]
@@ -232,6 +235,46 @@ class Verifier:
         if master.addresses:
             return master.addresses[0]
         return resolved[0] if resolved else None
+
+
+def judge_own(
+    res: Resolution, settings: Settings, *, accept_loopback: bool, ifname: str | None
+) -> tuple[Reason | None, str | None]:
+    """This node's own name: (why it is not ready, or None; a warning for /status, or None).
+
+    On loopback it is fatal (``self_loopback``) unless loopback is accepted or ``ifname`` names
+    the interface gloo binds instead (GLOO_SOCKET_IFNAME); with --strict-self anything but OK
+    is fatal (``strict_self``), ``ifname`` or not.
+    """
+    if res.verdict is Verdict.OK or (res.verdict is Verdict.LOOPBACK and accept_loopback):
+        return None, None
+    host = res.host
+    if res.verdict is not Verdict.LOOPBACK:
+        text = f"this node's own name {host} does not check out: {res.detail}"
+        if settings.strict_self:
+            return _strict_self(host, res, text), None
+        return None, text
+    loopback = [address for address in res.addresses if resolve.is_loopback(address)]
+    where = f"this node's own name {host} resolves to loopback ({', '.join(loopback)})"
+    if settings.strict_self:
+        # Stacks that advertise their own resolved name ignore GLOO_SOCKET_IFNAME.
+        return _strict_self(
+            host, res, f"{where}; map {host} to its cluster address in /etc/hosts"
+        ), None
+    if ifname is None:
+        return self_loopback_reason(
+            host, loopback, detail=res.detail, emit_ifname=settings.emit_ifname
+        ), None
+    return None, (
+        f"{where}; gloo binds {ifname} (GLOO_SOCKET_IFNAME) instead, but stacks that advertise "
+        f"their own resolved name would not: map {host} to its cluster address in /etc/hosts"
+    )
+
+
+def _strict_self(host: str, res: Resolution, text: str) -> Reason:
+    return Reason(
+        "strict_self", f"{text} (fatal with --strict-self)", host=host, detail=str(res.verdict)
+    )
 
 
 def round_s(value: float | None) -> float | None:

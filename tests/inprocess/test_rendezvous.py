@@ -19,13 +19,15 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 import pytest
 
-from rallypoint import ports
+from rallypoint import netinfo, ports
 from rallypoint.auth import Authenticator
 from rallypoint.errors import AuthError, PortError
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous import auth_reason
+from rallypoint.resolve import Resolution, Verdict
 from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
+from rallypoint.verify import judge_own
 from tests.fakes import FakeResolver
 
 SESSION = "sess-1"
@@ -208,8 +210,9 @@ async def test_names_on_127_addresses_with_one_peer_port() -> None:
         ({"node1": ["127.0.1.1"]}, False, "loopback_peer"),
         ({"node1": ["198.51.100.99"]}, False, "address_mismatch"),
         ({"node2": ["127.0.1.1"]}, True, "strict_self"),
+        ({"node2": ["127.0.1.1"]}, False, "self_loopback"),
     ],
-    ids=["not-found", "loopback-peer", "mismatch", "strict-self"],
+    ids=["not-found", "loopback-peer", "mismatch", "strict-self", "self-loopback"],
 )
 async def test_resolution_failures_keep_the_node_not_ready(
     answers: dict[str, list[str] | None], strict_self: bool, code: str
@@ -233,14 +236,35 @@ async def test_resolution_failures_keep_the_node_not_ready(
         assert code in {r["code"] for r in body["reasons"]}
 
 
-async def test_own_name_on_loopback_is_a_warning() -> None:
+async def test_own_name_on_loopback_names_the_address_and_the_remedies() -> None:
     async with cluster(3) as c:
         c.resolvers[2].set("node2", ["127.0.1.1"])
         await start_all(c)
+        await asyncio.gather(c.nodes[0].node.wait_ready(20), c.nodes[1].node.wait_ready(20))
+        await until(lambda: "self_loopback" in codes(c.nodes[2]))
+        reason = next(r for r in c.nodes[2].node.reasons() if r.code == "self_loopback")
+        for needle in ("node2", "127.0.1.1", "/etc/hosts", "--emit-ifname", "docs/loopback.md"):
+            assert needle in reason.message, reason.message
+        assert c.nodes[2].node.env is None
+
+
+async def test_own_name_on_loopback_with_emit_ifname_depends_on_the_route() -> None:
+    """With --emit-ifname the node is ready with a warning iff a route to the master exists."""
+    routed = netinfo.route_ifname(address(0))
+    async with cluster(3, per_node={2: {"emit_ifname": True}}) as c:
+        c.resolvers[2].set("node2", ["127.0.1.1"])
+        await start_all(c)
+        if routed is None:  # no route to the documentation address on this host
+            await until(lambda: "self_loopback" in codes(c.nodes[2]))
+            reason = next(r for r in c.nodes[2].node.reasons() if r.code == "self_loopback")
+            assert "found no interface" in reason.message
+            return
         await all_ready(c)
-        warnings = c.nodes[2].node.warnings()
-        assert any("node2" in w and "loopback" in w for w in warnings)
-        assert c.nodes[2].node.status()["warnings"] == warnings
+        node = c.nodes[2].node
+        assert node.env is not None and node.env.get("GLOO_SOCKET_IFNAME") == routed
+        warnings = node.warnings()
+        assert any("node2" in w and "127.0.1.1" in w and routed in w for w in warnings)
+        assert node.status()["warnings"] == warnings
         assert not any("loopback" in w for w in c.nodes[1].node.warnings())
 
 
@@ -553,3 +577,76 @@ async def test_a_worker_that_joins_again_restarts_a_verification_that_gave_up() 
         await _poke(c, 2)  # node2 re-joins with the same facts: no new generation
         await until(lambda: master.ready)
         assert master.generation == generation
+
+
+def _own(verdict: Verdict, *addresses: str) -> Resolution:
+    return Resolution("node2", verdict, addresses, f"node2 answers {addresses}", 1, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("own", "changes", "accept", "ifname", "code", "needles"),
+    [
+        (_own(Verdict.LOOPBACK, "127.0.1.1"), {}, False, None, "self_loopback",
+         ("node2", "127.0.1.1", "/etc/hosts", "run with --emit-ifname", "docs/loopback.md")),
+        (_own(Verdict.LOOPBACK, "10.0.0.2", "127.0.1.1"), {}, False, None, "self_loopback",
+         ("(127.0.1.1)",)),
+        (_own(Verdict.LOOPBACK, "127.0.1.1"), {"emit_ifname": True}, False, None,
+         "self_loopback", ("127.0.1.1", "found no interface", "/etc/hosts")),
+        (_own(Verdict.LOOPBACK, "127.0.1.1"), {"emit_ifname": True}, False, "eth0", None,
+         ("node2", "127.0.1.1", "eth0", "GLOO_SOCKET_IFNAME")),
+        (_own(Verdict.LOOPBACK, "127.0.1.1"), {"emit_ifname": True, "strict_self": True}, False,
+         "eth0", "strict_self", ("node2", "127.0.1.1", "--strict-self")),
+        (_own(Verdict.LOOPBACK, "127.0.1.1"), {"strict_self": True}, True, None, None, ()),
+        (_own(Verdict.LOOPBACK, "127.0.1.1"), {}, True, None, None, ()),
+        (_own(Verdict.OK, "198.51.100.12"), {"strict_self": True}, False, None, None, ()),
+        (_own(Verdict.NOT_FOUND), {}, False, None, None, ("node2", "does not check out")),
+        (_own(Verdict.NOT_FOUND), {"strict_self": True}, False, None, "strict_self", ("node2",)),
+    ],
+    ids=[
+        "loopback", "loopback-among-answers", "emit-ifname-without-route",
+        "emit-ifname-with-route", "strict-self-beats-emit-ifname", "accepted-even-strict",
+        "accepted", "ok", "not-found-warns", "not-found-strict",
+    ],
+)  # fmt: skip
+def test_own_name_judgement(
+    own: Resolution,
+    changes: dict[str, object],
+    accept: bool,
+    ifname: str | None,
+    code: str | None,
+    needles: tuple[str, ...],
+) -> None:
+    reason, warning = judge_own(
+        own, base_settings(**changes), accept_loopback=accept, ifname=ifname
+    )
+    assert (reason.code if reason else None) == code
+    if reason is not None:
+        assert warning is None and reason.host == "node2"
+    text = reason.message if reason is not None else warning
+    if not needles:
+        assert text is None
+    else:
+        assert text is not None and all(needle in text for needle in needles), text
+
+
+async def test_a_user_gloo_socket_ifname_keeps_an_own_name_on_loopback_a_warning() -> None:
+    """gloo binds the user's GLOO_SOCKET_IFNAME too, so it rescues the node like --emit-ifname."""
+    async with cluster(3) as c:
+        c.resolvers[2].set("node2", ["127.0.1.1"])
+        await c.start(0)
+        await c.start(1)
+        spec = ClusterSpec("explicit", c.hosts, 2, 3, SESSION)
+        sidecar = Sidecar(
+            c.settings(2),
+            {"GLOO_SOCKET_IFNAME": "ib0"},
+            resolver=c.resolvers[2],
+            spec=spec,
+            addresses=[address(2)],
+            endpoint=c.endpoint,
+        )
+        await sidecar.start()
+        c.nodes[2] = sidecar
+        await all_ready(c)
+        assert sidecar.node.env is not None
+        assert sidecar.node.env.get("GLOO_SOCKET_IFNAME") == "ib0"
+        assert any("127.0.1.1" in w and "ib0" in w for w in sidecar.node.warnings())

@@ -16,27 +16,34 @@ JOB_S = 90.0  # three torch imports on two cores dominate
 
 
 @pytest.mark.parametrize(
-    "own_name_on_loopback",
+    ("pinned", "args"),
     [
-        pytest.param(None, id="clean-hosts"),
-        # Debian's `127.0.1.1 <hostname>` on one worker: served with a warning, and gloo
-        # still connects (the loopback-advertising node dials out to its peers).
-        pytest.param("sub1", id="sub1-own-name-on-127.0.1.1"),
+        pytest.param((), (), id="clean-hosts"),
+        # Debian's `127.0.1.1 <hostname>` on every node: gloo would publish loopback and
+        # fail in connectFullMesh (docs/loopback.md). With --emit-ifname the sidecars serve
+        # GLOO_SOCKET_IFNAME, gloo binds that interface, and the job completes.
+        pytest.param(
+            ("main1", "sub1", "sub2"), ("--emit-ifname",), id="every-own-name-on-127.0.1.1"
+        ),
     ],
 )
 def test_gloo_all_reduce_runs_on_the_served_env(
-    cluster: harness.Cluster, torch_script: Path, own_name_on_loopback: str | None
+    cluster: harness.Cluster,
+    torch_script: Path,
+    pinned: tuple[str, ...],
+    args: tuple[str, ...],
 ) -> None:
-    if own_name_on_loopback is not None:
-        cluster[own_name_on_loopback].pin(own_name_on_loopback, "127.0.1.1")
-    cluster.start_all()
+    for name in pinned:
+        cluster[name].pin(name, "127.0.1.1")
+    cluster.start_all(args)
     served = cluster.wait_all_ready(READY_S)
     master_port = int(served["main1"]["MASTER_PORT"])
     # The sidecar holds the port: an unrelated plain bind on the master node fails ...
     assert cluster["main1"].try_bind(master_port) == errno.EADDRINUSE
-    if own_name_on_loopback is not None:
-        warnings = " ".join(cluster[own_name_on_loopback].status()["warnings"])
-        assert own_name_on_loopback in warnings and "127.0.1.1" in warnings, warnings
+    for name in pinned:
+        warnings = " ".join(cluster[name].status()["warnings"])
+        assert name in warnings and "127.0.1.1" in warnings, warnings
+        assert served[name]["GLOO_SOCKET_IFNAME"] == harness.IFNAME
 
     results = harness.run_torch_job(list(cluster), torch_script, timeout_s=JOB_S)
 
