@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import ifaddr
-from zeroconf import InterfaceChoice, IPVersion, ServiceStateChange, Zeroconf
+from zeroconf import DNSQuestionType, InterfaceChoice, IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from rallypoint import discovery
@@ -28,6 +28,8 @@ __all__ = ["SERVICE_TYPE", "Announcement", "Mdns", "assign_ranks", "browse", "re
 log = logging.getLogger(__name__)
 
 SERVICE_TYPE = "_rallypoint._tcp.local."
+#: How often an instance that nobody answered for is asked again before it is left alone.
+RESOLVE_ATTEMPTS = 3
 
 # Rejection reasons, the keys of Mdns.rejections.
 MALFORMED, WRONG_SESSION, UNKNOWN_HOST, BAD_SIGNATURE = "malformed", "session", "host", "signature"
@@ -178,9 +180,15 @@ class _Browser:
 
     async def _resolve(self, name: str) -> None:
         try:
+            unanswered = 0
             while True:
                 self._again.discard(name)
-                await self._resolve_once(name)
+                if not await self._resolve_once(name):
+                    # Unanswered (a lost packet, a busy peer): ask again a few times, as
+                    # nothing else would make this instance show up before its next change.
+                    unanswered += 1
+                    if unanswered < RESOLVE_ATTEMPTS:
+                        self._again.add(name)
                 if name not in self._again:
                     return
         except asyncio.CancelledError:
@@ -190,14 +198,19 @@ class _Browser:
         finally:
             self._tasks.pop(name, None)
 
-    async def _resolve_once(self, name: str) -> None:
+    async def _resolve_once(self, name: str) -> bool:
+        """Resolve and judge one instance; False when nobody answered in time."""
         info = AsyncServiceInfo(SERVICE_TYPE, name)
-        # Zeroconf counts milliseconds; rallypoint's API speaks seconds.
-        if not await info.async_request(self._azc.zeroconf, self._request_timeout_s * 1000):
-            return
+        # Zeroconf counts milliseconds; rallypoint's API speaks seconds. Multicast answers
+        # (QM) rather than zeroconf's default unicast-first (QU, RFC 6762 section 5.4): when
+        # several sidecars share one host and port 5353, a unicast answer reaches only one
+        # of their sockets, often not the one that asked.
+        timeout_ms = self._request_timeout_s * 1000
+        if not await info.async_request(self._azc.zeroconf, timeout_ms, DNSQuestionType.QM):
+            return False
         text = bytes(info.text or b"")
         if self._judged.get(name) == text:
-            return
+            return True
         self._judged[name] = text
         self.seen_any = True
         instance = _instance_label(name)
@@ -206,16 +219,17 @@ class _Browser:
         except PeerMessageError as exc:
             self.warn_once("mdns_rejected_malformed", f"instance={instance!r} error={exc}")
             self._reject(name, MALFORMED)
-            return
+            return True
         announcement = replace(parsed, verified=self._verify(fields))
         reason = self._judge(announcement)
         if reason is not None:
             self._reject(name, reason)
-            return
+            return True
         self._fields[name] = fields
         if self.accepted.get(name) != announcement:
             self.accepted[name] = announcement
             self._changed()
+        return True
 
     def _reject(self, name: str, reason: str) -> None:
         self.rejections[reason] = self.rejections.get(reason, 0) + 1
