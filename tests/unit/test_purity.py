@@ -17,6 +17,8 @@ PURE = [
     "rallypoint.tfconfig",
     "rallypoint.render",
     "rallypoint.wire",
+    "rallypoint.discovery",
+    "rallypoint.reasons",
 ]
 FORBIDDEN = ["asyncio", "socket", "aiohttp", "zeroconf"]
 
