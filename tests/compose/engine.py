@@ -126,6 +126,14 @@ class ComposeSession:
             raise AssertionError(f"service {service} has containers {out}, expected one")
         return out[0]
 
+    def sidecar_status(self, service: str) -> dict[str, Any]:
+        """The sidecar's /status, read inside its container with `rallypoint status --json`."""
+        cid = self.container_id(service)
+        out = run([self.docker, "exec", cid, "rallypoint", "status", "--json"], timeout_s=60)
+        status = json.loads(out.stdout)
+        assert isinstance(status, dict), out.stdout
+        return status
+
     def wait_trainers(self, services: Sequence[str]) -> list[TrainerResult]:
         """Wait until every trainer exited; return their exit codes, logs and summaries."""
         ids = {service: self.container_id(service) for service in services}

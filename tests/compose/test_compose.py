@@ -25,6 +25,8 @@ class Variant:
     nodes: tuple[str, ...]
     #: The node that must be the master, when the file decides it (None: discovery decides).
     master: str | None
+    #: Whether the network carries multicast (Docker `internal` networks drop it).
+    multicast: bool
 
     @property
     def trainers(self) -> tuple[str, ...]:
@@ -33,8 +35,12 @@ class Variant:
 
 VARIANTS = [
     # Hosts listed as sub1,main1,sub2: main1 must still be the master.
-    Variant("backendai", engine.DOCKER_DIR / "compose.yaml", ("main1", "sub1", "sub2"), "main1"),
-    Variant("mdns", engine.DOCKER_DIR / "compose.mdns.yaml", ("node-a", "node-b", "node-c"), None),
+    Variant(
+        "backendai", engine.DOCKER_DIR / "compose.yaml", ("main1", "sub1", "sub2"), "main1", False
+    ),
+    Variant(
+        "mdns", engine.DOCKER_DIR / "compose.mdns.yaml", ("node-a", "node-b", "node-c"), None, True
+    ),
 ]
 
 
@@ -80,6 +86,9 @@ def test_three_node_session(variant: Variant, session: engine.ComposeSession) ->
         for node in variant.nodes:
             ok, detail = session.started_after_init(node)
             assert ok, detail
+            # On the internal network mDNS hears nobody, HTTP did the work, and /status says so.
+            mdns = session.sidecar_status(node)["mdns"]
+            assert mdns["seen_any"] is variant.multicast, (node, mdns)
 
 
 def _check(variant: Variant, results: list[engine.TrainerResult]) -> None:
