@@ -7,17 +7,13 @@ configuration, 3 timed out). Everything else receives a frozen Settings and a ma
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
 import logging
 import math
 import os
 import re
-import secrets
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,7 +23,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from rallypoint import client
+# asyncio, the local API client, tempfile and secrets are imported inside the commands that
+# use them: `check` runs every few seconds as a HEALTHCHECK and needs neither asyncio nor
+# tempfile, and `serve` needs no HTTP client before its listeners are up.
 from rallypoint.errors import ConfigError, RallypointError, RendezvousTimeout, SidecarError
 from rallypoint.model import DeriveOptions
 from rallypoint.settings import Settings
@@ -492,6 +490,8 @@ def _base_url(ctx: click.Context, settings: Settings) -> str:
             where = _where(ctx, "url", "--url", "RALLYPOINT_URL")
             raise ConfigError(f"{where} {url!r} is not an http URL: use e.g. http://127.0.0.1:7780")
         return str(url).rstrip("/")
+    from rallypoint import client
+
     return client.local_url(settings.local_hosts[0], settings.local_port)
 
 
@@ -674,6 +674,8 @@ def _fail(message: str, code: int) -> int:
 
 def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
     """Replace path with text so that a reader sees the old file or the new, never half."""
+    import tempfile
+
     target = Path(path)
     directory = target.parent
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
@@ -747,6 +749,8 @@ def app() -> None:
 def serve(ctx: click.Context, /, **_: Any) -> None:
     """Run the sidecar until SIGTERM or SIGINT."""
     settings, environ = _setup(ctx)
+    import asyncio
+
     from rallypoint import sidecar
 
     asyncio.run(sidecar.run(settings, environ))
@@ -782,6 +786,8 @@ def wait(ctx: click.Context, /, timeout: float, out: str | None, fmt: str, **_: 
 
 
 def _wait(ctx: click.Context, settings: Settings, fmt: str, timeout: float) -> str:
+    from rallypoint import client
+
     return client.wait_env(
         _base_url(ctx, settings),
         fmt,
@@ -798,6 +804,8 @@ def _wait(ctx: click.Context, settings: Settings, fmt: str, timeout: float) -> s
 def env(ctx: click.Context, /, fmt: str, **_: Any) -> None:
     """Print the env now; exit 1 with the reasons when the sidecar is not ready."""
     settings, _environ = _setup(ctx)
+    from rallypoint import client
+
     _emit(client.fetch_env(_base_url(ctx, settings), fmt))
 
 
@@ -814,6 +822,8 @@ def env(ctx: click.Context, /, fmt: str, **_: Any) -> None:
 def check(ctx: click.Context, /, timeout: float, **_: Any) -> None:
     """Exit 0 when the local sidecar is ready, 1 otherwise (a HEALTHCHECK without curl)."""
     settings, _environ = _setup(ctx)
+    from rallypoint import client
+
     client.readyz(_base_url(ctx, settings), timeout_s=timeout)
 
 
@@ -911,6 +921,8 @@ def derive_options(settings: Settings, environ: Mapping[str, str]) -> DeriveOpti
 def status(ctx: click.Context, /, as_json: bool, **_: Any) -> None:
     """The cluster as this sidecar sees it; exit 1 when not ready."""
     settings, _environ = _setup(ctx)
+    from rallypoint import client
+
     doc = client.status(_base_url(ctx, settings))
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
@@ -1000,6 +1012,8 @@ def _override(item: object) -> str:
 def peers(ctx: click.Context, /, seconds: float, as_json: bool, **_: Any) -> None:
     """List the rallypoint sidecars announcing themselves over mDNS, any session."""
     settings, _environ = _setup(ctx)
+    import asyncio
+
     from rallypoint import mdns
 
     seen = asyncio.run(mdns.browse(seconds, interfaces=settings.mdns_interfaces))
@@ -1029,6 +1043,10 @@ def peers(ctx: click.Context, /, seconds: float, as_json: bool, **_: Any) -> Non
 def demo(ctx: click.Context, /, nodes: int, **_: Any) -> None:
     """Run N sidecars on loopback and print each node's env and time to ready."""
     settings, _environ = _setup(ctx)
+    import asyncio
+    import dataclasses
+    import secrets
+
     from rallypoint import demo as demonstration
 
     if settings.token is None:

@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from rallypoint import derive, discovery, netinfo, ports, providers, resolve, server
+from rallypoint import derive, netinfo, ports, providers, resolve, server
 from rallypoint.auth import Authenticator
 from rallypoint.errors import ClusterSpecError, PortError
 from rallypoint.metrics import Metrics
@@ -283,6 +283,8 @@ class Sidecar:
         Not-ready reasons say how far it got; more hosts than NNODES is a reason too, kept
         until the extra announcers leave (their goodbye or stale signatures drop them).
         """
+        from rallypoint import discovery  # only mDNS discovery assigns ranks
+
         host = mdns.host
         while True:
             self._mdns_changed.clear()
