@@ -137,8 +137,12 @@ class _Browser:
         self._browser: AsyncServiceBrowser | None = None
 
     def start(self) -> None:
+        # QM for the same reason as in _resolve_once: unicast answers reach one socket only.
         self._browser = AsyncServiceBrowser(
-            self._azc.zeroconf, SERVICE_TYPE, handlers=[self._on_state_change]
+            self._azc.zeroconf,
+            SERVICE_TYPE,
+            handlers=[self._on_state_change],
+            question_type=DNSQuestionType.QM,
         )
 
     async def stop(self) -> None:

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Seconds the mDNS view must stay unchanged before discovered ranks become final.
+DISCOVERY_SETTLE_S = 2.0
+
 
 class Sidecar:
     """Everything `rallypoint serve` runs, as one async context manager.
@@ -297,8 +300,18 @@ class Sidecar:
             else:
                 reason = discovering_reason(spec.nnodes, seen)
             if hosts is not None and host in hosts:
-                log.info("mdns_discovered hosts=%s", ",".join(hosts))
-                return dataclasses.replace(spec, hosts=hosts, rank=hosts.index(host))
+                # Ranks are fixed once assigned, so let the view settle first: a node that
+                # committed on the first NNODES hosts it heard could miss an extra announcer
+                # (and disagree with a node that heard another subset). Nothing new for
+                # DISCOVERY_SETTLE_S, which spans the browser's first repeated query
+                # (RFC 6762 section 5.2), and the ranks are final.
+                self.node.discovering(reason)
+                try:
+                    await asyncio.wait_for(self._mdns_changed.wait(), DISCOVERY_SETTLE_S)
+                except TimeoutError:
+                    log.info("mdns_discovered hosts=%s", ",".join(hosts))
+                    return dataclasses.replace(spec, hosts=hosts, rank=hosts.index(host))
+                continue
             self.node.discovering(reason)
             # Signatures expire without an event: look again now and then.
             with contextlib.suppress(TimeoutError):

@@ -116,13 +116,15 @@ async def nodes(multicast_lo: None, session: str) -> AsyncIterator[Callable[...,
         yield make
 
 
-async def until(predicate: Callable[[], bool], what: str) -> None:
+async def until(
+    predicate: Callable[[], bool], what: str, explain: Callable[[], object] = lambda: ""
+) -> None:
     """Poll ``predicate``; fail naming ``what`` after WAIT_S (a deadline, not a speed test)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + WAIT_S
     while not predicate():
         if loop.time() > end:
-            pytest.fail(f"timed out waiting for {what}")
+            pytest.fail(f"timed out waiting for {what}: {explain()}")
         await asyncio.sleep(0.05)
 
 
@@ -191,6 +193,7 @@ async def test_more_announcers_than_nnodes_is_a_clear_reason(
         await until(
             lambda: [r.code for r in alpha.node.reasons()][:1] == ["discovery_conflict"],
             "the conflict reason",
+            lambda: (alpha.node.reasons(), alpha.node.status().get("mdns")),
         )
         status, text = await cluster.get("alpha", "/readyz")
         assert status == 503
