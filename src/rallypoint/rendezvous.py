@@ -506,7 +506,7 @@ class Rendezvous:
         if checked.failures:
             self.not_ready(*checked.failures)
             return
-        outcome = await self._verifier().derive(doc, checked.own)
+        outcome = self._verifier().derive(doc, checked)
         if isinstance(outcome, Reason):
             self.not_ready(outcome)
             return

@@ -291,9 +291,10 @@ class Sidecar:
         host = mdns.host
         while True:
             self._mdns_changed.clear()
-            seen = sorted({a.host for a in mdns.peers()})
+            peers = mdns.peers()
+            seen = sorted({a.host for a in peers})
             try:
-                hosts = discovery.assign_ranks(mdns.peers(), spec.nnodes)
+                hosts = discovery.assign_ranks(peers, spec.nnodes)
             except ClusterSpecError as exc:
                 hosts = None
                 reason = Reason("discovery_conflict", str(exc), detail=f"{len(seen)}/{spec.nnodes}")

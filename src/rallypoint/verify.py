@@ -57,11 +57,16 @@ class PeerState:
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """The outcome of checking names: failures, a warning about our own name, its resolution."""
+    """The outcome of checking names: failures, a warning about our own name, what to serve."""
 
     failures: list[Reason]
     warning: str | None
     own: Resolution
+    #: The master's verified address (None when no verified answer names it).
+    master_ip: str | None
+    #: With --emit-ifname, the interface that routes to the master; the own name was judged
+    #: with it, so derive() serves exactly what the judgement assumed.
+    ifname: str | None
 
 
 class Verifier:
@@ -104,23 +109,21 @@ class Verifier:
         own = await self._check_own(doc.members[spec.rank])
         results = await asyncio.gather(*(self._verify_peer(doc, doc.members[r]) for r in peers))
         failures = [r for r in (self.peer_reason(res) for res in results) if r is not None]
-        ifname = await self._served_ifname(doc, own)
-        self_reason, self_warning = self._judge_own(own, ifname)
+        master_ip = self._master_address(doc, own)
+        ifname = await self._route_ifname(master_ip)
+        # gloo binds the user's GLOO_SOCKET_IFNAME if set, else the one served here.
+        bound = self._user_ifname() or ifname
+        self_reason, self_warning = self._judge_own(own, bound)
         if self_reason is not None:
             failures.insert(0, self_reason)
         elif self_warning is not None:
-            log.warning("own_name verdict=%s host=%s ifname=%s", own.verdict, own.host, ifname)
-        return Checked(failures, self_warning, own)
+            log.warning("own_name verdict=%s host=%s ifname=%s", own.verdict, own.host, bound)
+        return Checked(failures, self_warning, own, master_ip, ifname)
 
-    async def derive(self, doc: ClusterDoc, own: Resolution) -> Env | Reason:
+    def derive(self, doc: ClusterDoc, checked: Checked) -> Env | Reason:
         """The env for a checked document, or why it cannot be derived."""
         spec = self.spec
-        master_ip = self._master_address(doc, own)
-        ifname = await self._route_ifname(master_ip)
-        # The route may have changed since check(): judge our own name by what is served now.
-        self_reason, _ = self._judge_own(own, self._user_ifname() or ifname)
-        if self_reason is not None:
-            return self_reason
+        master_ip, ifname = checked.master_ip, checked.ifname
         options = DeriveOptions(
             nproc_per_node=self.settings.nproc_per_node,
             frameworks=self.settings.frameworks,
@@ -157,12 +160,6 @@ class Verifier:
         """judge_own for this node; a lone node has no peer to misroute."""
         accept = self.accept_loopback or self.spec.nnodes == 1
         return judge_own(res, self.settings, accept_loopback=accept, ifname=ifname)
-
-    async def _served_ifname(self, doc: ClusterDoc, own: Resolution) -> str | None:
-        """The interface gloo will bind: the user's GLOO_SOCKET_IFNAME, else --emit-ifname's."""
-        if own.verdict is not Verdict.LOOPBACK:
-            return None  # only a loopback own name depends on it; spare the route lookup
-        return self._user_ifname() or await self._route_ifname(self._master_address(doc, own))
 
     def _user_ifname(self) -> str | None:
         user = self.user.get("GLOO_SOCKET_IFNAME")
