@@ -84,28 +84,28 @@ async def probe(
         return Outcome(cause, detail, time.monotonic() - started)
 
     nonce = secrets.token_hex(16)
-    writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(timeout_s):
             reader, writer = await asyncio.open_connection(address, port, limit=MAX_LINE)
+    except TimeoutError:
+        return done("timeout", f"timed out after {timeout_s:g} s")
+    except OSError as exc:
+        return _refused(exc, done)
+    try:
+        # The handshake completed, so a firewall DROP or REJECT is ruled out: whatever
+        # listens here must answer like a sidecar of the session.
+        async with asyncio.timeout(timeout_s):
             writer.write(MAGIC + b" " + nonce.encode() + b"\n")
             await writer.drain()
             line = await reader.readline()
     except TimeoutError:
-        return done("timeout", f"timed out after {timeout_s:g} s")
-    except ConnectionRefusedError:
-        return done("refused", "connection refused")
-    except (ConnectionResetError, BrokenPipeError):
-        return done("reset", "connection reset")
-    except OSError as exc:
-        if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-            return done("no_route", exc.strerror or "no route to host")
-        return done("error", exc.strerror or str(exc))
+        return done("foreign_answer", f"connected, but no probe answer within {timeout_s:g} s")
     except (asyncio.LimitOverrunError, ValueError):
         return done("foreign_answer", "the answer was not a probe answer (too long)")
+    except OSError as exc:
+        return done("foreign_answer", f"connected, then {_describe(exc)} before any answer")
     finally:
-        if writer is not None:
-            writer.close()
+        writer.close()
     match = _ANSWER.fullmatch(line[:MAX_LINE])
     if match is None:
         if not line:
@@ -122,6 +122,25 @@ async def probe(
     if got_rank != rank or got_host.lower() != host.lower():
         return done("wrong_peer", f"{got_host} (rank {got_rank}) answered instead")
     return done("ok", "answered")
+
+
+def _refused(exc: OSError, done: Callable[[str, str], Outcome]) -> Outcome:
+    """The outcome of a connect that failed before the handshake completed."""
+    if isinstance(exc, ConnectionRefusedError):
+        return done("refused", "connection refused")
+    if isinstance(exc, ConnectionResetError):
+        return done("reset", "connection reset")
+    if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return done("no_route", exc.strerror or "no route to host")
+    return done("error", _describe(exc))
+
+
+def _describe(exc: OSError) -> str:
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset"
+    if isinstance(exc, BrokenPipeError):
+        return "connection closed"
+    return exc.strerror or type(exc).__name__
 
 
 class ProbeListener:

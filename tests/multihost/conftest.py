@@ -59,6 +59,7 @@ def make_cluster(
         hosts: Sequence[str] = HOSTS,
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        subnet: str = harness.SUBNET,
     ) -> harness.Cluster:
         extra = {"RALLYPOINT_TOKEN": TOKEN, **(env or {})}
         cluster = harness.Cluster(
@@ -66,6 +67,7 @@ def make_cluster(
             tmp_path / f"cluster{len(made)}",
             sidecar_args=(*FAST_ARGS, *args),
             sidecar_env=extra,
+            subnet=subnet,
         )
         made.append(cluster)
         cluster.up()

@@ -325,6 +325,17 @@ class Node:
 
     # links ----------------------------------------------------------------------------------
 
+    def inside(self, argv: Sequence[str]) -> None:
+        """Run an administrative command (ip, iptables) inside this node's namespace."""
+        _sh(["ip", "netns", "exec", self.ns, *argv])
+
+    def blackhole(self, address: str) -> None:
+        """Drop everything this node sends to address (a route into nowhere)."""
+        self.inside(["ip", "route", "add", "blackhole", f"{address}/32"])
+
+    def unblackhole(self, address: str) -> None:
+        self.inside(["ip", "route", "del", "blackhole", f"{address}/32"])
+
     def link_down(self) -> None:
         """Cut this node off the bridge (its interface stays up, frames go nowhere)."""
         _sh(["ip", "link", "set", self.veth, "down"])
@@ -584,6 +595,7 @@ class Cluster:
         sidecar_args: Sequence[str] = (),
         sidecar_env: Mapping[str, str] | None = None,
         environ_for: Callable[[Cluster, Node], Mapping[str, str]] | None = None,
+        subnet: str = SUBNET,
     ) -> None:
         if len(set(hosts)) != len(hosts) or not hosts:
             raise ValueError(f"host names must be unique and non-empty: {hosts!r}")
@@ -609,7 +621,7 @@ class Cluster:
                 name=name,
                 index=index,
                 ns=f"{self.tag}-{Cluster._serial}-{name}",
-                address=f"{SUBNET}.{index + 10}",
+                address=f"{subnet}.{index + 10}",
                 veth=f"{self.id}v{index}",
             )
         self._forward_rule = False
