@@ -9,6 +9,7 @@ the warnings change, the generation is verified), so N reports wake the N long-p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import hashlib
 from dataclasses import dataclass
@@ -199,6 +200,16 @@ class MasterBook:
         complete = len(self.reports) == spec.nnodes and self._unpassed <= self._failing
         if material or complete:
             self._rebuild()
+        elif self.verdict is not None and (old is None or old.passed != report.passed):
+            # Who is still checking is shown, not acted on: refresh it without a new version
+            # (which would wake every long-poll), listing names once few are left.
+            self.verdict = dataclasses.replace(
+                self.verdict,
+                pending=self._pending()
+                if len(self._unpassed) <= wire.MAX_PENDING
+                else (self.verdict.pending),
+                pending_count=len(self._unpassed),
+            )
         assert self.verdict is not None
         return self.verdict
 
@@ -233,13 +244,7 @@ class MasterBook:
             for reason in self.reports[rank].failures
             if not self._excused(reason)
         ]
-        blocked = {
-            rank
-            for rank in self._unpassed
-            if rank not in self.reports
-            or any(not self._excused(r) for r in self.reports[rank].failures)
-            or not self.reports[rank].failures
-        }
+        blocked = self._blocked()
         verified = not blocked and not failures
         warnings = self._mtu_warnings()
         old = self.verdict
@@ -252,7 +257,7 @@ class MasterBook:
             and old.warnings == warnings
         ):
             return
-        pending = [rank for rank in range(self.spec.nnodes) if rank in blocked]
+        pending = sorted(blocked)
         self._verdict_version += 1
         self.verdict = wire.Verdict(
             session=self.spec.session,
@@ -267,6 +272,19 @@ class MasterBook:
         )
         changed, self._verdict_changed = self._verdict_changed, asyncio.Event()
         changed.set()
+
+    def _blocked(self) -> set[int]:
+        """Ranks that keep the generation from being verified (O(ranks not passed))."""
+        return {
+            rank
+            for rank in self._unpassed
+            if rank not in self.reports
+            or not self.reports[rank].failures
+            or any(not self._excused(r) for r in self.reports[rank].failures)
+        }
+
+    def _pending(self) -> tuple[int, ...]:
+        return tuple(sorted(self._blocked())[: wire.MAX_PENDING])
 
     def _count_mtu(self, old: int | None, new: int | None) -> bool:
         """Move one node's MTU from ``old`` to ``new``; True when the set of MTUs changed."""

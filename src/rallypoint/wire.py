@@ -264,7 +264,9 @@ def parse_report(body: bytes) -> Report:
     """Validate a report body; PeerMessageError names the field at fault."""
     data = _load(body, MAX_REPORT_BYTES, "report")
     busy = data.get("busy", [])
-    if not isinstance(busy, list) or not all(b in _WINDOW_KINDS for b in busy):
+    if not isinstance(busy, list) or not all(
+        isinstance(b, str) and b in _WINDOW_KINDS for b in busy
+    ):
         raise PeerMessageError(f"report: busy must list some of {', '.join(sorted(_WINDOW_KINDS))}")
     net = data.get("net", {})
     if not isinstance(net, dict):
