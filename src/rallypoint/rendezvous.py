@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: Pokes are best effort: a worker that does not answer this fast is not waited for.
 POKE_TIMEOUT_S = 2.0
+#: A node whose names or env failed judges them again after about this long.
+RECHECK_S = 2.0
 
 
 class Rendezvous:
@@ -561,17 +563,23 @@ class Rendezvous:
         follow = asyncio.create_task(check.follow())
         probes: asyncio.Task[None] | None = None
         try:
-            checked = await self._verifier().check(doc)
-            self.verify_warnings = [checked.warning] if checked.warning else []
-            self._net = check.net = await asyncio.to_thread(_net_facts, checked.route_ifname)
-            outcome: Env | Reason = (
-                checked.failures[0] if checked.failures else self._verifier().derive(doc, checked)
-            )
-            if isinstance(outcome, Reason):
-                # Tell the master (every node shows it), then let a poke or join retry.
+            while True:
+                checked = await self._verifier().check(doc)
+                self.verify_warnings = [checked.warning] if checked.warning else []
+                self._net = check.net = await asyncio.to_thread(_net_facts, checked.route_ifname)
+                outcome: Env | Reason = (
+                    checked.failures[0]
+                    if checked.failures
+                    else self._verifier().derive(doc, checked)
+                )
+                if not isinstance(outcome, Reason):
+                    break
+                # Tell the master (every node shows it), then judge again after a pause: a
+                # fixed /etc/hosts entry or a late DNS record turns the cluster ready
+                # without a restart (a poke or a re-join retries at once).
                 check.update(checked.failures or [outcome])
                 await check.reported(self.settings.resolve_timeout_s)
-                return
+                await asyncio.sleep(self._rng.uniform(0.5, 1.0) * RECHECK_S)
             if self._prober is not None:
                 targets = self._targets(doc)
                 check.update(
