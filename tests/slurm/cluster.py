@@ -77,7 +77,7 @@ def prerequisites() -> str | None:
         return "Slurm daemons in network namespaces need root"
     for tool in ("ip", "unshare", *DAEMONS):
         if shutil.which(tool) is None:
-            return f"`{tool}` is not on PATH (scripts/setup-system.sh installs Slurm and munge)"
+            return f"`{tool}` is not on PATH (scripts/setup-system.sh installs it)"
     probe = f"{run_tag()}-probe"
     created = _sh(["ip", "netns", "add", probe], check=False)
     if created.returncode != 0:

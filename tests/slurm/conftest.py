@@ -8,6 +8,7 @@ import re
 import shutil
 import sys
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +35,29 @@ def pytest_runtest_makereport(
     return report
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """Why the session has no cluster: a missing prerequisite, or a cluster that broke."""
+
+    reason: str
+    missing: bool
+
+
 @pytest.fixture(scope="session")
-def slurm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """The cluster (or the reason it cannot run here), started once and always closed."""
+def slurm_session(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[slurm_cluster.SlurmCluster | Unavailable]:
+    """The cluster (or why there is none), started once and always closed."""
     reason = slurm_cluster.prerequisites()
     if reason is not None:
-        yield reason
+        yield Unavailable(reason, missing=True)
         return
     slurm_cluster.sweep_stale()
     made = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         made.up()
-    except Exception as exc:  # reported by every test that needs the cluster
-        yield f"the Slurm cluster did not come up: {exc}"
+    except Exception as exc:  # up() cleaned up; every test that needs the cluster fails
+        yield Unavailable(f"the Slurm cluster did not come up: {exc}", missing=False)
         return
     try:
         yield made
@@ -56,12 +67,13 @@ def slurm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 @pytest.fixture
 def slurm(
-    slurm_session: object, request: pytest.FixtureRequest
+    slurm_session: slurm_cluster.SlurmCluster | Unavailable, request: pytest.FixtureRequest
 ) -> Iterator[slurm_cluster.SlurmCluster]:
     """The session's cluster, all nodes idle; its hosts files are restored after the test."""
-    if not isinstance(slurm_session, slurm_cluster.SlurmCluster):
-        require(False, f"Slurm tier: {slurm_session}")
-        raise AssertionError("unreachable")
+    if isinstance(slurm_session, Unavailable):
+        # A missing prerequisite skips locally (fails in CI); a broken cluster always fails.
+        require(not slurm_session.missing, f"Slurm tier: {slurm_session.reason}")
+        pytest.fail(slurm_session.reason, pytrace=False)
     made = slurm_session
     made.wait_idle(60)
     yield made
