@@ -228,6 +228,10 @@ class SlurmCluster:
 
     def up(self, ready_timeout_s: float = 90.0) -> None:
         """Build the network, write the configuration, start munged, slurmctld and slurmds."""
+        with _LIVE_LOCK:
+            if _LIVE:
+                # Resource names carry only the pid: a second cluster would reuse them.
+                raise RuntimeError("one Slurm cluster per process: close the other first")
         _register(self)
         OWNERS_DIR.mkdir(parents=True, exist_ok=True)
         (OWNERS_DIR / self.tag).write_text(str(os.getpid()))
