@@ -43,11 +43,11 @@ class Unavailable:
     missing: bool
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def slurm_session(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[slurm_cluster.SlurmCluster | Unavailable]:
-    """The cluster (or why there is none), started once and always closed."""
+    """The cluster (or why there is none): started once, closed after the tier's last test."""
     reason = slurm_cluster.prerequisites()
     if reason is not None:
         yield Unavailable(reason, missing=True)
