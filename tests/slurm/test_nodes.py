@@ -22,9 +22,9 @@ def test_own_names_on_127_0_1_1_with_a_pinned_interface(
 ) -> None:
     """Every node's own name on 127.0.1.1, as Debian's installer writes it.
 
-    With two or more such nodes gloo's full mesh fails (docs/loopback.md). The job passes
-    `--emit-ifname` (RALLYPOINT_EMIT_IFNAME=1): the sidecars serve GLOO_SOCKET_IFNAME and
-    say in the job's output which name is on loopback, and the job completes.
+    With two or more such nodes gloo's full mesh fails (docs/loopback.md). By default the
+    sidecars serve GLOO_SOCKET_IFNAME and say in the job's output which name is on loopback,
+    and the job completes.
     """
     for name in slurm_cluster.NODES:
         slurm.pin_own_name(name)
@@ -32,7 +32,7 @@ def test_own_names_on_127_0_1_1_with_a_pinned_interface(
         runnable_guide_script(),
         "loopback",
         args=[f"--nodes={NODES}"],
-        env={**job_env, "RALLYPOINT_EMIT_IFNAME": "1"},
+        env=job_env,
         files={"train.py": TRAIN},
     )
     lines = check_every_rank(job, slurm_cluster.NODES, NPROC_PER_NODE)
