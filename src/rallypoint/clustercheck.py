@@ -42,9 +42,12 @@ def local_transport(book: MasterBook, long_poll_s: float) -> Transport:
 
     async def send(report: wire.Report) -> wire.Verdict:
         verdict = book.report(report)
-        if verdict.version != report.seen:
+        # A node that passed has nothing to act on until the verdict lands or a failure
+        # appears: hold its answer (one request per node on the happy path, not two).
+        quiet = report.passed and not verdict.verified and not verdict.failures
+        if verdict.version != report.seen and not quiet:
             return verdict
-        return await book.wait_verdict(report.generation, report.seen, long_poll_s)
+        return await book.wait_verdict(report.generation, verdict.version, long_poll_s)
 
     return send
 
@@ -117,6 +120,11 @@ class GenerationCheck:
         backoff = Backoff(
             self.settings.backoff_initial_s, self.settings.backoff_max_s, wake, self._rng
         )
+        # Nothing to tell the master while the first checks run: it counts a node that has not
+        # reported as still checking. The first report carries their outcome.
+        while self.verdict is None and not self._failures() and not self.passed:
+            await self._dirty.wait()
+            self._dirty.clear()
         while True:
             self._dirty.clear()
             seen = -1 if self.verdict is None else self.verdict.version
