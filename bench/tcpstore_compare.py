@@ -49,6 +49,8 @@ sys.path.insert(0, str(common.REPO))
 from tests.multihost import harness
 
 STORE_PORT = 29400
+#: resolv.conf for the store's namespaces: nothing listens there, so every query fails at once.
+NO_DNS = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
 SIZES = (1024, 4096)
 
 
@@ -103,10 +105,12 @@ def store_clients(args: argparse.Namespace) -> None:
     errors: list[str] = []
     reference: list[list[bytes]] = []
     mismatches = [0]
+    phases: dict[str, list[float]] = {"connect": [], "set": [], "wait": [], "multi_get": []}
 
     def one(rank: int) -> None:
         go.wait()
         try:
+            t0 = time.monotonic()
             store = dist.TCPStore(
                 args.host,
                 args.port,
@@ -114,10 +118,16 @@ def store_clients(args: argparse.Namespace) -> None:
                 timeout=timedelta(seconds=args.timeout),
                 wait_for_workers=False,
             )
+            t1 = time.monotonic()
             store.set(keys[rank], facts(rank, args.address))
+            t2 = time.monotonic()
             store.wait(keys)
+            t3 = time.monotonic()
             values = store.multi_get(keys)
             at = time.monotonic()
+            with lock:
+                for name, took in zip(phases, (t1 - t0, t2 - t1, t3 - t2, at - t3), strict=True):
+                    phases[name].append(took)
         except Exception as exc:  # counted and reported, the run goes on
             with lock:
                 errors.append(type(exc).__name__)
@@ -158,6 +168,7 @@ def store_clients(args: argparse.Namespace) -> None:
                 "mismatches": mismatches[0],
                 "complete": complete,
                 "facts_bytes": sum(len(v) for v in reference[0]) if reference else 0,
+                "phase_s": {k: common.summary(v) for k, v in phases.items()},
                 "sim_cpu_s": round(cpu, 3),
             }
         ),
@@ -176,6 +187,12 @@ def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
     me = str(Path(__file__).resolve())
     with cluster:
         master, sim = cluster["main1"], cluster["sim1"]
+        for node in (master, sim):
+            # torch's client and server reverse-resolve every peer address (for their log
+            # lines); with no DNS server reachable from the namespaces each lookup waits
+            # out the resolver's timeout (10 s per connection). A resolver that refuses at
+            # once keeps that out of the figures: the store is measured, not the lookup.
+            (node.hosts_path.parent / "resolv.conf").write_text(NO_DNS)
         server = master.spawn(
             [
                 sys.executable, me, "server",
@@ -209,14 +226,18 @@ def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s + 30
         while any(r.alive() for r in runners) and time.monotonic() < deadline:
             time.sleep(0.02)
-        for r in runners:
-            r.wait(5)
         cpu1 = common.cpu_seconds(server.pid)
         mem = common.memory_kib(server.pid)
+        for r in runners:
+            if r.alive():
+                r.kill()  # past the deadline: its ranks count as failed
         parts = [
             json.loads(next(t for t in reversed(r.log().splitlines()) if t.startswith("{")))
             for r in runners
+            if any(t.startswith("{") for t in r.log().splitlines())
         ]
+        if not parts:
+            raise RuntimeError(f"no TCPStore client process finished within {timeout_s:g} s")
     start = min(p["start"] for p in parts)
     done = [t - start for p in parts for t in p["done_at"]]
     ok = len(done) == workers and all(p["complete"] and not p["mismatches"] for p in parts)
@@ -230,6 +251,7 @@ def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
         "sim_cpu_s": round(sum(p["sim_cpu_s"] for p in parts), 2),
         "facts_kib": round(max(p["facts_bytes"] for p in parts) / 1024, 1),
         "errors": [e for p in parts for e in p["errors"]][:5],
+        "phase_s": parts[0]["phase_s"],
         "start_skew_s": max(p["start"] for p in parts) - start,
     }
 
@@ -268,6 +290,7 @@ def main() -> None:
     cli.add_argument("--start-at", type=float, required=True)
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--big-runs", type=int, default=None, help="runs for N >= 4096")
     p.add_argument("--procs", type=int, default=2, help="simulator processes for each side")
     p.add_argument("--timeout", type=float, default=120.0)
     args = p.parse_args()
@@ -286,7 +309,8 @@ def main() -> None:
     table = []
     for n in args.sizes:
         rp_runs, st_runs = [], []
-        for i in range(args.runs):
+        runs = args.big_runs if args.big_runs is not None and n >= 4096 else args.runs
+        for i in range(runs):
             # Interleaved, the order alternating, so both see the same machine load.
             order = ("rallypoint", "tcpstore") if i % 2 == 0 else ("tcpstore", "rallypoint")
             for side in order:
@@ -310,7 +334,7 @@ def main() -> None:
 
         row = {
             "workers": n,
-            "runs": args.runs,
+            "runs": runs,
             "rallypoint": {
                 "converge_s_p50": med(rp_runs, "converge_s"),
                 "last_doc_s_p50": med(rp_runs, "last_doc_s"),
@@ -331,6 +355,7 @@ def main() -> None:
                 ),
                 "sim_cpu_s_p50": med(st_runs, "sim_cpu_s"),
                 "facts_kib": st_runs[0]["facts_kib"],
+                "phase_s_last_run": st_runs[-1]["phase_s"],
                 "failures": sum(not r["complete_identical"] for r in st_runs),
             },
         }
@@ -363,7 +388,9 @@ def main() -> None:
     command = "python bench/tcpstore_compare.py" + (
         " --quick"
         if args.quick
-        else f" --sizes {' '.join(map(str, args.sizes))} --runs {args.runs} --procs {args.procs}"
+        else f" --sizes {' '.join(map(str, args.sizes))} --runs {args.runs}"
+        f"{'' if args.big_runs is None else f' --big-runs {args.big_runs}'}"
+        f" --procs {args.procs} --timeout {args.timeout:g}"
     )
     common.write_summary(
         "tcpstore_compare" if not args.quick else "tcpstore_compare-quick",
