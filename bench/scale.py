@@ -16,6 +16,7 @@ VmHWM. Needs root (network namespaces).
 
 from __future__ import annotations
 
+import os
 import statistics
 
 import common
@@ -29,6 +30,7 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--procs", type=int, default=2, help="simulator processes")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a simulated run may take")
     p.add_argument(
         "--sim-cpus", default="1", help="CPUs for the simulator, comma list (master: CPU 0)"
     )
@@ -44,7 +46,7 @@ def main() -> None:
     for n in args.sizes:
         runs = []
         for i in range(args.runs):
-            r = simcluster.simulate(n, procs=args.procs, sim_cpus=sim_cpus)
+            r = simcluster.simulate(n, procs=args.procs, sim_cpus=sim_cpus, timeout_s=args.timeout)
             s = r.sim
             complete = s["verified_ok"] == n and s["docs_identical"]
             converge = max(s["verified_s"]) if complete else float("nan")
@@ -95,6 +97,7 @@ def main() -> None:
                 "doc_wire_kib": round(results[0].sim["doc_wire_bytes"] / 1024, 1),
                 "sim_cpu_s_p50": statistics.median(r.sim["sim_cpu_s"] for r in results),
                 "sim_procs": args.procs,
+                "load_avg_1m": round(os.getloadavg()[0], 1),
                 "failures": sum(
                     n - r.sim["verified_ok"] + (0 if r.sim["docs_identical"] else 1)
                     for r in results
@@ -133,10 +136,14 @@ def main() -> None:
         " --quick"
         if args.quick
         else f" --sizes {' '.join(map(str, args.sizes))} --runs {args.runs}"
-        f" --procs {args.procs} --sim-cpus {args.sim_cpus}"
+        f" --procs {args.procs} --sim-cpus {args.sim_cpus} --timeout {args.timeout:g}"
     )
     common.write_summary(
-        "scale" if not args.quick else "scale-quick",
+        "scale-quick"
+        if args.quick
+        else "scale"
+        if tuple(args.sizes) == SIZES
+        else "scale-" + "-".join(map(str, args.sizes)),
         {"command": command, "table": table, "targets": targets},
     )
     if not args.no_plot:
