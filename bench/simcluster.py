@@ -107,7 +107,10 @@ def simulate(
         harness.wait_for(
             lambda: master.try_get("/livez"), timeout_s=30, interval_s=0.02, what="master /livez"
         )
-        time.sleep(1.0)  # let the start-up pokes (one per simulated name) finish
+        # Let the start-up pokes (one per simulated name, each resolving it through a hosts
+        # file of N lines) finish: at 16384 they take far longer than a second, and their
+        # CPU would be counted as the run's.
+        settle(proc.pid, quiet_s=0.5, timeout_s=180.0)
         cpu0 = common.cpu_seconds(proc.pid)
         rss0 = common.memory_kib(proc.pid)["VmRSS"] / 1024
         spy = None
@@ -257,3 +260,16 @@ def py_spy() -> str:
     """py-spy from this interpreter's environment (the bench extra), else from PATH."""
     beside = Path(sys.executable).with_name("py-spy")
     return str(beside) if beside.exists() else "py-spy"
+
+
+def settle(pid: int, *, quiet_s: float, timeout_s: float) -> None:
+    """Wait until pid has used (almost) no CPU for quiet_s seconds, at most timeout_s."""
+    time.sleep(1.0)
+    end = time.monotonic() + timeout_s
+    last = common.cpu_seconds(pid)
+    while time.monotonic() < end:
+        time.sleep(quiet_s)
+        now = common.cpu_seconds(pid)
+        if now - last < 0.05 * quiet_s:
+            return
+        last = now
