@@ -102,6 +102,11 @@ def simulate(
         master, sim = cluster["main1"], cluster["sim1"]
         extra = "".join(f"{sim.address}\t{name}\n" for name in names)
         master.write_hosts(cluster.hosts_text({}) + extra)
+        # All N connect within milliseconds: a listen queue of somaxconn (4096) overflows at
+        # 16384, and every connection whose handshake was dropped is reset later. Both
+        # settings are per namespace; an operator of a cluster this size raises them too.
+        master.run(["sysctl", "-qw", "net.core.somaxconn=65535"], check=True)
+        master.run(["sysctl", "-qw", "net.ipv4.tcp_max_syn_backlog=65535"], check=True)
         proc = master.start_sidecar()
         os.sched_setaffinity(proc.pid, {0})
         harness.wait_for(
