@@ -239,6 +239,10 @@ def _report_crash(node: Rendezvous) -> Callable[[asyncio.Task[None]], None]:
 async def _read_body(request: web.Request) -> bytes:
     """The whole body within BODY_TIMEOUT_S: 408 past it, 400 if the client breaks off."""
     try:
+        if request.content.is_eof():
+            # The whole body came with the headers (the usual case): read() cannot wait,
+            # so no timer is armed (arming one was ~6 % of a 4096-node master's CPU).
+            return await request.read()
         async with asyncio.timeout(BODY_TIMEOUT_S):
             return await request.read()
     except TimeoutError:
