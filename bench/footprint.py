@@ -12,8 +12,10 @@ sidecar would multicast on this host's interfaces.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +58,11 @@ def main() -> None:
     p = common.parser(__doc__)
     p.add_argument("--starts", type=int, default=20)
     p.add_argument("--requests", type=int, default=100_000)
+    p.add_argument(
+        "--starts-only",
+        action="store_true",
+        help="only the start-up comparison (no wrk needed): bench/results/footprint-starts.json",
+    )
     args = p.parse_args()
     if args.quick:
         args.starts, args.requests = 5, 20_000
@@ -71,13 +78,19 @@ def main() -> None:
         bp = common.free_port()
         bare_starts.append(
             start_time(
-                ["python", str(common.BENCH_DIR / "bare_server.py"), str(bp), str(body)], bp, "/env"
+                [sys.executable, str(common.BENCH_DIR / "bare_server.py"), str(bp), str(body)],
+                bp,
+                "/env",
             )
         )
         print(
             f"start {i}: sidecar {side_starts[-1] * 1000:6.0f} ms, "
             f"bare aiohttp {bare_starts[-1] * 1000:6.0f} ms"
         )
+
+    if args.starts_only:
+        report_starts(side_starts, bare_starts, args.starts)
+        return
 
     # Memory: idle once ready, then after the requests.
     lp, pp = common.free_port(), common.free_port()
@@ -141,6 +154,38 @@ def main() -> None:
     )
     if not args.no_plot:
         plot(side_starts, bare_starts, rss_idle, rss_loaded, peak)
+
+
+def report_starts(side: list[float], bare: list[float], starts: int) -> None:
+    """The start-up figures alone, with the gap to the bare server taken start by start."""
+    start = common.summary(side, 1000)
+    floor = common.summary(bare, 1000)
+    gaps = [s - b for s, b in zip(side, bare, strict=True)]
+    gap = common.summary(gaps, 1000)
+    targets = {
+        "start_gap_ms_p50": {
+            "value": gap["p50"],
+            "target": "<= 15 (sidecar minus bare aiohttp, pairwise)",
+            "verdict": common.verdict(gap["p50"] <= 15),
+        },
+    }
+    print(
+        f"\nstart to /livez: p50 {start['p50']:.0f} ms p99 {start['p99']:.0f} ms; bare aiohttp "
+        f"p50 {floor['p50']:.0f} ms; pairwise gap p50 {gap['p50']:.0f} ms p99 {gap['p99']:.0f} ms"
+    )
+    for name, t in targets.items():
+        print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict'].upper()}")
+    common.write_summary(
+        "footprint-starts",
+        {
+            "command": f"python bench/footprint.py --starts-only --starts {starts}",
+            "load_avg_1m": round(os.getloadavg()[0], 1),
+            "start_to_livez_ms": start,
+            "bare_aiohttp_start_ms": floor,
+            "gap_ms": gap,
+            "targets": targets,
+        },
+    )
 
 
 def plot(side: list[float], bare: list[float], idle: float, loaded: float, peak: float) -> None:

@@ -1,17 +1,22 @@
 """Scale: one real master sidecar against N simulated workers (bench/simcluster.py).
 
-Convergence is the time from the moment all N simulated workers start (each joins, then
-long-polls /v1/cluster on the same connection) until the last one holds the cluster
-document. Master CPU is utime + stime from /proc/<pid>/stat over that interval; peak RSS is
-its VmHWM. Needs root (network namespaces).
+Convergence is the time from the moment all N simulated workers start (each joins,
+long-polls /v1/cluster, then reports its checks and long-polls the master's verdict, on one
+keep-alive connection) until the last one holds a verified verdict: every node would be
+ready. The time until the last one held the document is reported beside it. A run counts
+only when every worker got the same document bytes and that document lists every node.
+Master CPU is utime + stime from /proc/<pid>/stat over that interval; peak RSS is its
+VmHWM. Needs root (network namespaces).
 
     python bench/scale.py                    # N = 64, 512, 1024, 4096, 3 runs each
     python bench/scale.py --sizes 16384 --runs 1   # stretch
     python bench/scale.py --quick            # N = 64, 512, one run each
+    python bench/scale.py --procs 2          # the simulator as 2 processes (both on CPU 1)
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 
 import common
@@ -24,7 +29,13 @@ def main() -> None:
     p = common.parser(__doc__)
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--procs", type=int, default=2, help="simulator processes")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a simulated run may take")
+    p.add_argument(
+        "--sim-cpus", default="1", help="CPUs for the simulator, comma list (master: CPU 0)"
+    )
     args = p.parse_args()
+    sim_cpus = frozenset(int(c) for c in args.sim_cpus.split(","))
     if args.quick:
         args.sizes, args.runs = [64, 512], 1
     reason = simcluster.prerequisites()
@@ -35,16 +46,23 @@ def main() -> None:
     for n in args.sizes:
         runs = []
         for i in range(args.runs):
-            r = simcluster.simulate(n)
+            r = simcluster.simulate(n, procs=args.procs, sim_cpus=sim_cpus, timeout_s=args.timeout)
             s = r.sim
-            converge = max(s["doc_s"]) if s["doc_ok"] == n else float("nan")
+            complete = s["verified_ok"] == n and s["docs_identical"]
+            converge = max(s["verified_s"]) if complete else float("nan")
+            doc_s = max(s["doc_s"]) if s["doc_ok"] == n else float("nan")
             runs.append((converge, r))
             print(
-                f"N={n:5d} run {i}: joined {s['join_ok']}/{n}, documents {s['doc_ok']}/{n}, "
-                f"converged {converge:.3f} s, master CPU {r.master_cpu_s:.2f} s "
+                f"N={n:5d} run {i}: joined {s['join_ok']}/{n}, documents {s['doc_ok']}/{n} "
+                f"(identical and complete: {s['docs_identical']}), "
+                f"verified {s['verified_ok']}/{n}, "
+                f"last document {doc_s:.3f} s, converged {converge:.3f} s, "
+                f"master CPU {r.master_cpu_s:.2f} s "
                 f"(total {r.master_cpu_total_s:.2f} s), VmHWM {r.master_hwm_mb:.1f} MB, "
                 f"doc {s['doc_bytes'] / 1024:.0f} KiB ({s['doc_wire_bytes'] / 1024:.0f} KiB "
-                f"on the wire), simulator CPU {s['sim_cpu_s']:.2f} s, errors {s['errors']}"
+                f"on the wire), simulator CPU {s['sim_cpu_s']:.2f} s in {s['procs']} processes "
+                f"{s['sim_cpu_s_per_proc']}, start skew {s['start_skew_s'] * 1000:.1f} ms, "
+                f"errors {s['errors']}"
             )
         converged = [c for c, _ in runs]
         results = [r for _, r in runs]
@@ -54,6 +72,10 @@ def main() -> None:
                 "runs": len(runs),
                 "converge_s_p50": round(statistics.median(converged), 3),
                 "converge_s_max": round(max(converged), 3),
+                "last_doc_s_p50": round(
+                    statistics.median(max(r.sim["doc_s"], default=float("nan")) for r in results),
+                    3,
+                ),
                 "join_p99_ms": round(
                     statistics.median(common.percentile(r.sim["join_s"], 99) for r in results)
                     * 1000,
@@ -74,7 +96,12 @@ def main() -> None:
                 "doc_kib": round(results[0].sim["doc_bytes"] / 1024, 1),
                 "doc_wire_kib": round(results[0].sim["doc_wire_bytes"] / 1024, 1),
                 "sim_cpu_s_p50": statistics.median(r.sim["sim_cpu_s"] for r in results),
-                "failures": sum(n - r.sim["doc_ok"] for r in results),
+                "sim_procs": args.procs,
+                "load_avg_1m": round(os.getloadavg()[0], 1),
+                "failures": sum(
+                    n - r.sim["verified_ok"] + (0 if r.sim["docs_identical"] else 1)
+                    for r in results
+                ),
             }
         )
 
@@ -104,14 +131,19 @@ def main() -> None:
             },
         }
         for name, t in targets.items():
-            print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict']}")
+            print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict'].upper()}")
     command = "python bench/scale.py" + (
         " --quick"
         if args.quick
         else f" --sizes {' '.join(map(str, args.sizes))} --runs {args.runs}"
+        f" --procs {args.procs} --sim-cpus {args.sim_cpus} --timeout {args.timeout:g}"
     )
     common.write_summary(
-        "scale" if not args.quick else "scale-quick",
+        "scale-quick"
+        if args.quick
+        else "scale"
+        if tuple(args.sizes) == SIZES
+        else "scale-" + "-".join(map(str, args.sizes)),
         {"command": command, "table": table, "targets": targets},
     )
     if not args.no_plot:

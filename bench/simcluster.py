@@ -1,10 +1,18 @@
 """One real master sidecar against N simulated workers, in two network namespaces.
 
 The master (`rallypoint serve`, explicit provider, NNODES = N + 1) runs in namespace
-``main1`` pinned to CPU 0; bench/simpeers.py runs in namespace ``sim1`` pinned to CPU 1.
-The master's hosts file maps every simulated name w1..wN to sim1's address, so its
-getaddrinfo-based verification and its start-up pokes (refused at once: nothing listens on
-sim1's peer port) work without any DNS server. Used by scale.py and herd.py.
+``main1`` pinned to CPU 0; bench/simpeers.py runs in namespace ``sim1`` pinned to CPU 1, as
+one or more processes that split the ranks and start at the same instant. The master's
+hosts file maps every simulated name w1..wN to sim1's address, so its getaddrinfo-based
+verification and its start-up pokes (refused at once: nothing listens on sim1's peer port)
+work without any DNS server. Used by scale.py, herd.py and tcpstore_compare.py.
+
+The master serves torch's variables only (``--frameworks torch``). Simulated workers hold no
+ports (their TF port is only a number in the document, and they publish no probe port), so
+with TF_CONFIG wanted the master's connectivity check would probe sim1's TF ports, be
+refused and (rightly) never pass; with torch alone its plan has nothing to probe on them,
+while its name verification, its own report and the cluster-wide verdict run as in a real
+cluster. The simulated workers report their own checks as passed.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ MASTER_ARGS = (
     "--deadline", "300",
     "--long-poll", "60",
     "--backoff-max", "0.5",
+    "--frameworks", "torch",  # nothing listens on the simulated TF ports: see above
 )  # fmt: skip
 
 
@@ -44,6 +53,7 @@ class SimResult:
     master_cpu_total_s: float  # including its own start-up
     master_rss_mb: float
     master_hwm_mb: float
+    master_rss_before_mb: float  # its RSS just before the simulated workers started
     master_ready_s: float | None  # from the simulated start until the master's /readyz is 200
     #: TcpExt counters in the master's namespace: accept-queue overflows and dropped SYNs.
     listen_overflows: int = 0
@@ -55,12 +65,20 @@ def prerequisites() -> str | None:
 
 
 def simulate(
-    workers: int, *, poll: bool = True, timeout_s: float = 120.0, profile: Path | None = None
+    workers: int,
+    *,
+    poll: bool = True,
+    report: bool = True,
+    procs: int = 1,
+    sim_cpus: frozenset[int] = frozenset({1}),
+    timeout_s: float = 120.0,
+    profile: Path | None = None,
 ) -> SimResult:
     """Run one master and ``workers`` simulated workers; the cluster is torn down afterwards.
 
-    With ``profile``, py-spy samples the master during the simulation and writes collapsed
-    stacks (flamegraph.pl / speedscope input) to that file.
+    The simulated workers run as ``procs`` processes on ``sim_cpus``. With ``profile``,
+    py-spy samples the master during the simulation and writes collapsed stacks
+    (flamegraph.pl / speedscope input) to that file.
     """
     names = [f"w{i}" for i in range(1, workers + 1)]
     workdir = Path(tempfile.mkdtemp(prefix="rp-sim-"))
@@ -84,18 +102,27 @@ def simulate(
         master, sim = cluster["main1"], cluster["sim1"]
         extra = "".join(f"{sim.address}\t{name}\n" for name in names)
         master.write_hosts(cluster.hosts_text({}) + extra)
+        # All N connect within milliseconds: a listen queue of somaxconn (4096) overflows at
+        # 16384, and every connection whose handshake was dropped is reset later. Both
+        # settings are per namespace; an operator of a cluster this size raises them too.
+        master.run(["sysctl", "-qw", "net.core.somaxconn=65535"], check=True)
+        master.run(["sysctl", "-qw", "net.ipv4.tcp_max_syn_backlog=65535"], check=True)
         proc = master.start_sidecar()
         os.sched_setaffinity(proc.pid, {0})
         harness.wait_for(
             lambda: master.try_get("/livez"), timeout_s=30, interval_s=0.02, what="master /livez"
         )
-        time.sleep(1.0)  # let the start-up pokes (one per simulated name) finish
+        # Let the start-up pokes (one per simulated name, each resolving it through a hosts
+        # file of N lines) finish: at 16384 they take far longer than a second, and their
+        # CPU would be counted as the run's.
+        settle(proc.pid, quiet_s=0.5, timeout_s=180.0)
         cpu0 = common.cpu_seconds(proc.pid)
+        rss0 = common.memory_kib(proc.pid)["VmRSS"] / 1024
         spy = None
         if profile is not None:
             spy = subprocess.Popen(
                 [
-                    "py-spy",
+                    py_spy(),
                     "record",
                     "--pid",
                     str(proc.pid),
@@ -111,43 +138,58 @@ def simulate(
                 stderr=subprocess.DEVNULL,
             )
             time.sleep(0.5)
-        argv = [
-            sys.executable,
-            str(common.BENCH_DIR / "simpeers.py"),
-            "--master",
-            f"{master.address}:{harness.PEER_PORT}",
-            "--session",
-            cluster.session,
-            "--count",
-            str(workers),
-            "--address",
-            sim.address,
-            "--token",
-            TOKEN,
-            "--timeout",
-            str(timeout_s),
-        ]
-        if not poll:
-            argv.append("--no-poll")
-        runner = sim.spawn(argv, label="simpeers")
-        os.sched_setaffinity(runner.pid, {1})
+        start_at = time.monotonic() + 1.0 + 0.0003 * workers  # every process parked by then
+        runners = []
+        for first, count in split(workers, procs):
+            argv = [
+                sys.executable,
+                str(common.BENCH_DIR / "simpeers.py"),
+                "--master",
+                f"{master.address}:{harness.PEER_PORT}",
+                "--session",
+                cluster.session,
+                "--first",
+                str(first),
+                "--count",
+                str(count),
+                "--start-at",
+                repr(start_at),
+                "--address",
+                sim.address,
+                "--token",
+                TOKEN,
+                "--timeout",
+                str(timeout_s),
+            ]
+            if not poll:
+                argv.append("--no-poll")
+            if not report:
+                argv.append("--no-report")
+            runner = sim.spawn(argv, label="simpeers")
+            os.sched_setaffinity(runner.pid, set(sim_cpus))
+            runners.append(runner)
         ready_at = None
         deadline = time.monotonic() + timeout_s + 30
-        while runner.alive() and time.monotonic() < deadline:
+        while any(r.alive() for r in runners) and time.monotonic() < deadline:
             if ready_at is None and poll:
                 reply = master.try_get("/readyz", timeout_s=2)
                 if reply is not None and reply.status == 200:
                     ready_at = time.monotonic()
             time.sleep(0.01)
-        runner.wait(5)
+        for runner in runners:
+            runner.wait(5)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
         cpu1 = common.cpu_seconds(proc.pid)
         mem = common.memory_kib(proc.pid)
         tcpext = tcp_ext(master)
-        line = next(t for t in reversed(runner.log().splitlines()) if t.startswith("{"))
-        result: dict[str, Any] = json.loads(line)
+        result = merge(
+            [
+                json.loads(next(t for t in reversed(r.log().splitlines()) if t.startswith("{")))
+                for r in runners
+            ]
+        )
         return SimResult(
             nnodes=workers + 1,
             sim=result,
@@ -155,6 +197,7 @@ def simulate(
             master_cpu_total_s=cpu1,
             master_rss_mb=mem["VmRSS"] / 1024,
             master_hwm_mb=mem["VmHWM"] / 1024,
+            master_rss_before_mb=rss0,
             master_ready_s=None if ready_at is None else ready_at - result["start"],
             listen_overflows=tcpext.get("ListenOverflows", 0),
             listen_drops=tcpext.get("ListenDrops", 0),
@@ -168,3 +211,70 @@ def tcp_ext(node: harness.Node) -> dict[str, int]:
         if names.startswith("TcpExt:"):
             return dict(zip(names.split()[1:], map(int, values.split()[1:]), strict=False))
     return {}
+
+
+def split(workers: int, procs: int) -> list[tuple[int, int]]:
+    """(first rank, count) for each simulator process: ranks 1..workers in near-equal runs."""
+    procs = max(1, min(procs, workers))
+    base, extra = divmod(workers, procs)
+    out, first = [], 1
+    for i in range(procs):
+        count = base + (1 if i < extra else 0)
+        out.append((first, count))
+        first += count
+    return out
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One simulator result from the per-process ones; times relative to the common start.
+
+    ``docs_identical`` holds only when every worker that got a document got the same bytes
+    (one digest in all processes) and that document lists every node.
+    """
+    start = min(p["start"] for p in parts)
+    digests = sorted({d for p in parts for d in p["doc_digests"]})
+    members = {p["doc_members"] for p in parts if p["doc_members"] is not None}
+    errors: dict[str, int] = {}
+    for p in parts:
+        for key, n in p["errors"].items():
+            errors[key] = errors.get(key, 0) + n
+    count = sum(p["count"] for p in parts)
+    return {
+        "start": start,
+        "start_skew_s": max(p["start"] for p in parts) - start,
+        "count": count,
+        "procs": len(parts),
+        "join_ok": sum(p["join_ok"] for p in parts),
+        "join_s": [x for p in parts for x in p["join_s"]],
+        "doc_ok": sum(p["doc_ok"] for p in parts),
+        "doc_s": [t - start for p in parts for t in p["doc_at"]],
+        "verified_ok": sum(p["verified_ok"] for p in parts),
+        "verified_s": [t - start for p in parts for t in p["verified_at"]],
+        "doc_digests": digests,
+        "docs_identical": len(digests) == 1 and members == {count + 1},
+        "doc_bytes": max(p["doc_bytes"] for p in parts),
+        "doc_wire_bytes": max(p["doc_wire_bytes"] for p in parts),
+        "doc_members": next(iter(members)) if len(members) == 1 else None,
+        "errors": errors,
+        "sim_cpu_s": round(sum(p["sim_cpu_s"] for p in parts), 2),
+        "sim_cpu_s_per_proc": [p["sim_cpu_s"] for p in parts],
+    }
+
+
+def py_spy() -> str:
+    """py-spy from this interpreter's environment (the bench extra), else from PATH."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else "py-spy"
+
+
+def settle(pid: int, *, quiet_s: float, timeout_s: float) -> None:
+    """Wait until pid has used (almost) no CPU for quiet_s seconds, at most timeout_s."""
+    time.sleep(1.0)
+    end = time.monotonic() + timeout_s
+    last = common.cpu_seconds(pid)
+    while time.monotonic() < end:
+        time.sleep(quiet_s)
+        now = common.cpu_seconds(pid)
+        if now - last < 0.05 * quiet_s:
+            return
+        last = now

@@ -1,17 +1,25 @@
 """Simulated workers: N asyncio clients speaking the peer protocol to one master.
 
 Each simulated worker opens one keep-alive connection to the master's peer API, POSTs a
-signed /v1/join (rank, host w<rank>, the given address) and then long-polls a signed
-GET /v1/cluster until it holds the cluster document, offering gzip as aiohttp's client (the
-real worker) does. All workers start together. The answers' signatures are not checked
-(that would only load this process); the document of one worker is decoded, checked
-against its signature and parsed fully with rallypoint.wire to prove it is well formed.
+signed /v1/join (rank, host w<rank>, the given address), long-polls a signed
+GET /v1/cluster until it holds the cluster document (offering gzip as aiohttp's client, the
+real worker, does), then reports its checks as passed for that document's generation
+(POST /v1/report) and long-polls the report until the master's verdict says verified, as a
+real worker does before it turns ready. All workers start together.
 
-Prints one JSON line: start time (time.monotonic, shared by every namespace of the host),
-join latencies, seconds until each worker held the document, and failures.
+Every document answer's bytes are kept apart by content: a run is correct only when every
+worker got the same bytes and that one document, decoded, checked against its signature and
+parsed fully with rallypoint.wire, lists every node. The other answers' signatures are not
+checked (that would only load this process).
+
+Several processes can share the simulated ranks (--first, --count) and start at the same
+instant (--start-at, a time.monotonic() value, shared by every namespace of the host).
+
+Prints one JSON line: start time, join latencies, seconds until each worker held the
+document and the verified verdict, the digests of the documents seen, failures, own CPU.
 
     python bench/simpeers.py --master 10.213.0.10:7781 --session S --count 4096 \
-        --address 10.213.0.11 [--token T] [--no-poll]
+        --address 10.213.0.11 [--first 1] [--start-at T] [--token T] [--no-poll] [--no-report]
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
+import hashlib
 import json
 import resource
 import time
@@ -54,10 +63,34 @@ async def http(
     return status, await reader.readexactly(length), answer
 
 
+class Documents:
+    """The distinct document answers of this process: bytes -> (generation, digest)."""
+
+    def __init__(self, token: str) -> None:
+        self.checker = Authenticator(token or None)
+        self.seen: dict[bytes, tuple[str, str]] = {}
+        self.members: int | None = None
+        self.body_bytes = 0
+
+    def read(self, payload: bytes, headers: dict[str, str]) -> str:
+        """The generation of a document answer; the first of each content is checked fully."""
+        known = self.seen.get(payload)
+        if known is not None:
+            return known[0]
+        body = gzip.decompress(payload) if headers.get("content-encoding") == "gzip" else payload
+        self.checker.verify("200 /v1/cluster", body, headers)
+        parsed = wire.parse_cluster_doc(body)
+        self.members = len(parsed.members)
+        self.body_bytes = len(body)
+        self.seen[payload] = (parsed.generation, hashlib.sha256(body).hexdigest())
+        return parsed.generation
+
+
 async def worker(
     rank: int,
     args: argparse.Namespace,
     auth: Authenticator,
+    docs: Documents,
     go: asyncio.Event,
     out: dict[str, list[object]],
 ) -> None:
@@ -98,14 +131,32 @@ async def worker(
                 return
         out["doc_at"].append(time.monotonic())
         out["doc_wire_bytes"].append(len(doc))
-        if rank == 1:
-            if answer.get("content-encoding") == "gzip":
-                doc = gzip.decompress(doc)
-            checker = Authenticator(args.token or None)
-            checker.verify("200 /v1/cluster", doc, answer)
-            parsed = wire.parse_cluster_doc(doc)
-            out["doc_members"].append(len(parsed.members))
-            out["doc_bytes"].append(len(doc))
+        generation = docs.read(doc, answer)
+        if args.no_report:
+            return
+        phase = "report_errors"
+        seen = -1
+        while True:
+            report = wire.Report(args.session, generation, rank, member.host, True, seen=seen)
+            body = wire.encode_report(report)
+            headers = {"Content-Type": "application/json", **auth.sign("POST /v1/report", body)}
+            status, answer_body, _ = await asyncio.wait_for(
+                http(reader, writer, "POST", "/v1/report", headers, body), args.timeout
+            )
+            if status != 200:
+                out["report_errors"].append(f"http {status}")
+                return
+            verdict = wire.parse_verdict(answer_body)
+            if verdict.generation != generation:
+                out["report_errors"].append("verdict for another generation")
+                return
+            if verdict.failures:
+                out["report_errors"].append(f"failed: {verdict.failures[0].code}")
+                return
+            if verdict.verified:
+                break
+            seen = verdict.version
+        out["verified_at"].append(time.monotonic())
     except (
         OSError,
         TimeoutError,
@@ -121,6 +172,7 @@ async def worker(
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     auth = Authenticator(args.token or None)
+    docs = Documents(args.token)
     go = asyncio.Event()
     out: dict[str, list[object]] = {
         k: []
@@ -128,36 +180,41 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "join_s",
             "join_errors",
             "doc_at",
-            "doc_bytes",
             "doc_wire_bytes",
             "doc_errors",
-            "doc_members",
+            "verified_at",
+            "report_errors",
         )
     }
-    tasks = [
-        asyncio.create_task(worker(rank, args, auth, go, out)) for rank in range(1, args.count + 1)
-    ]
+    ranks = range(args.first, args.first + args.count)
+    tasks = [asyncio.create_task(worker(rank, args, auth, docs, go, out)) for rank in ranks]
     await asyncio.sleep(0.2)  # every task is parked on go.wait()
+    if args.start_at is not None:
+        await asyncio.sleep(max(0.0, args.start_at - time.monotonic()))
     start = time.monotonic()
     cpu0 = time.process_time()
     go.set()
     await asyncio.gather(*tasks)
     sim_cpu_s = time.process_time() - cpu0
-    errors = Counter(str(e) for e in out["join_errors"] + out["doc_errors"])
+    errors = Counter(str(e) for e in out["join_errors"] + out["doc_errors"] + out["report_errors"])
     return {
         "start": start,
         "count": args.count,
         "join_ok": len(out["join_s"]),
         "join_s": out["join_s"],
         "doc_ok": len(out["doc_at"]),
-        "doc_s": [float(t) - start for t in out["doc_at"]],  # type: ignore[arg-type]
-        "doc_bytes": max(out["doc_bytes"], default=0),
+        "doc_at": out["doc_at"],
+        "verified_ok": len(out["verified_at"]),
+        "verified_at": out["verified_at"],
+        # One entry per distinct document content: a correct run has exactly one.
+        "doc_digests": sorted({digest for _, digest in docs.seen.values()}),
+        "doc_bytes": docs.body_bytes,
         "doc_wire_bytes": max(out["doc_wire_bytes"], default=0),
-        "doc_members": out["doc_members"][0] if out["doc_members"] else None,
+        "doc_members": docs.members,
         "errors": dict(errors),
         # The simulator's own CPU over the run: near the wall time means it, not the
-        # master, set the pace (one process on one core plays every worker).
-        "sim_cpu_s": round(sim_cpu_s, 2),
+        # master, set the pace.
+        "sim_cpu_s": round(sim_cpu_s, 3),
     }
 
 
@@ -165,11 +222,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description="simulated rallypoint workers")
     p.add_argument("--master", required=True, help="ADDRESS:PORT of the master's peer API")
     p.add_argument("--session", required=True)
-    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--count", type=int, required=True, help="how many ranks to play")
+    p.add_argument("--first", type=int, default=1, help="the first rank to play")
+    p.add_argument("--start-at", type=float, default=None, help="time.monotonic() to start at")
     p.add_argument("--address", required=True, help="the address every worker reports")
     p.add_argument("--token", default="")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--no-poll", action="store_true", help="join only")
+    p.add_argument("--no-report", action="store_true", help="join and fetch the document only")
     args = p.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

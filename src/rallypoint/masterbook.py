@@ -9,6 +9,7 @@ the warnings change, the generation is verified), so N reports wake the N long-p
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import gzip
 import hashlib
@@ -66,8 +67,10 @@ class MasterBook:
         #: ``doc`` encoded once when issued: every long-poll answer shares the bytes
         #: (re-encoding per answer made N answers cost O(N^2)).
         self.encoded_doc: EncodedDoc | None = None
-        # Ranks not joined yet: a join updates it in O(1) instead of rescanning every rank.
-        self._missing = set(range(spec.nnodes))
+        # Ranks not joined yet, in order: a join removes its rank by bisection (a memmove in
+        # C), so the waiting reason, rebuilt per join, never sorts (sorting a set per join
+        # made a 4096-node herd spend ~0.4 CPU-s on it).
+        self._missing = list(range(spec.nnodes))
         self._counter = 0
         self._changed = asyncio.Event()
         self._closed = False
@@ -91,7 +94,7 @@ class MasterBook:
 
     def missing(self) -> list[int]:
         """The ranks that have not joined yet, in order."""
-        return sorted(self._missing)
+        return list(self._missing)
 
     @property
     def missing_count(self) -> int:
@@ -132,7 +135,10 @@ class MasterBook:
     def record(self, member: Member) -> bool:
         """Store a join; True when it produced a new cluster document."""
         self.members[member.rank] = member
-        self._missing.discard(member.rank)
+        missing = self._missing
+        at = bisect.bisect_left(missing, member.rank)
+        if at < len(missing) and missing[at] == member.rank:
+            del missing[at]
         if self._missing:
             return False
         members = tuple(self.members[r] for r in range(self.spec.nnodes))

@@ -333,3 +333,16 @@ async def test_local_api_is_not_reachable_on_other_addresses() -> None:
             with pytest.raises(OSError):
                 _, writer = await asyncio.open_connection(address, local_port)
                 writer.close()
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "expected_s"),
+    [(0, 5.0), (2, 5.004), (64, 5.128), (4096, 13.192), (16384, 37.768), (65536, 60.0)],
+)
+def test_peer_keepalive_grows_with_the_cluster_and_is_capped(
+    nnodes: int, expected_s: float
+) -> None:
+    # aiohttp's keep-alive timer also bounds a fresh connection's first request: in a herd
+    # the master must reach every connection before it fires (docs/performance.md).
+    assert server.peer_keepalive_s(nnodes) == pytest.approx(expected_s)
+    assert server.KEEPALIVE_S <= server.peer_keepalive_s(nnodes) <= server.KEEPALIVE_MAX_S
