@@ -317,6 +317,12 @@ _settings_options = _apply(
         default="{}-{}".format(*_S.port_range),
     ),
     _opt("--tf-port", "Preferred TF worker port.", type=_PORT, default=_S.tf_port),
+    _opt(
+        "--jax-port",
+        "Preferred JAX coordinator port (master; with jax in --frameworks).",
+        type=_PORT,
+        default=_S.jax_port,
+    ),
     _opt("--deadline", "Seconds for the whole rendezvous.", type=_Seconds(), default=_S.deadline_s),
     _opt(
         "--backoff-initial",
@@ -370,7 +376,7 @@ _settings_options = _apply(
     _opt(
         "--frameworks",
         "Frameworks whose variables are served.",
-        type=_Words("torch,tf", ("torch", "tf")),
+        type=_Words("torch,tf,jax", ("torch", "tf", "jax")),
         default="torch,tf",
     ),
     _opt(
@@ -448,6 +454,7 @@ def build_settings(ctx: click.Context, environ: Mapping[str, str]) -> Settings:
         master_port=p.get("master_port"),
         port_range=p.get("port_range", s.port_range),
         tf_port=p.get("tf_port", s.tf_port),
+        jax_port=p.get("jax_port", s.jax_port),
         deadline_s=p.get("deadline", s.deadline_s),
         backoff_initial_s=p.get("backoff_initial", s.backoff_initial_s),
         backoff_max_s=p.get("backoff_max", s.backoff_max_s),
@@ -886,6 +893,8 @@ def derive(ctx: click.Context, /, fmt: str, **_: Any) -> None:
     if not result.reserved:
         shown = [f"MASTER_PORT={result.get('MASTER_PORT')}"] if result.get("MASTER_PORT") else []
         shown += [f"TF worker port {settings.tf_port}"] if result.get("TF_CONFIG") else []
+        if result.get("JAX_COORDINATOR_ADDRESS"):
+            shown += [f"JAX coordinator port {settings.jax_port}"]
         click.echo(
             f"note: ports are preferred, not reserved ({', '.join(shown) or 'none shown'}): "
             "`rallypoint serve` reserves them and takes the next free one when one is taken",
@@ -904,6 +913,7 @@ def derive_options(settings: Settings, environ: Mapping[str, str]) -> DeriveOpti
         user=derivation.user_values(environ, settings.sets),
         master_port=settings.master_port,  # None: the provider's preferred port, else 29500
         tf_port=settings.tf_port,
+        jax_port=settings.jax_port,
     )
 
 

@@ -524,12 +524,13 @@ class Rendezvous:
             self.not_ready(*current, reason)
 
     def _own_member(self) -> Member:
-        tf = self.held.get("tf")
+        tf, jax = self.held.get("tf"), self.held.get("jax")
         return Member(
             rank=self.spec.rank,
             host=self.spec.host,
             addresses=tuple(dict.fromkeys(wire.address(a) for a in self.addresses)),
             tf_port=None if tf is None else tf.port,
+            jax_port=None if jax is None else jax.port,
         )
 
     # -- status -------------------------------------------------------------------------

@@ -75,6 +75,7 @@ def encode_join(request: JoinRequest) -> bytes:
             "host": member.host,
             "addresses": list(member.addresses),
             "tf_port": member.tf_port,
+            "jax_port": member.jax_port,
             "generation_seen": request.generation_seen,
         }
     )
@@ -146,6 +147,7 @@ def encode_cluster_doc(doc: ClusterDoc) -> bytes:
                     "host": m.host,
                     "addresses": list(m.addresses),
                     "tf_port": m.tf_port,
+                    "jax_port": m.jax_port,
                 }
                 for m in doc.members
             ],
@@ -241,11 +243,13 @@ def _member(data: Mapping[str, object], where: str) -> Member:
         raise PeerMessageError(f"{where}: addresses must be a list of at most {MAX_ADDRESSES}")
     addresses = tuple(address(a, f"{where}: addresses[{i}]") for i, a in enumerate(raw_addresses))
     tf_port = data.get("tf_port")
+    jax_port = data.get("jax_port")
     return Member(
         rank=_int(data.get("rank"), f"{where}: rank", 0, MAX_NODES - 1),
         host=host_name(data.get("host"), f"{where}: host"),
         addresses=tuple(dict.fromkeys(addresses)),
         tf_port=None if tf_port is None else _int(tf_port, f"{where}: tf_port", 1, 65535),
+        jax_port=None if jax_port is None else _int(jax_port, f"{where}: jax_port", 1, 65535),
     )
 
 

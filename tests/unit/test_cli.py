@@ -311,7 +311,7 @@ BAD_INPUTS = [
     ([], {"RALLYPOINT_BACKOFF_MAX": "soon"}, "RALLYPOINT_BACKOFF_MAX"),
     (["--backoff-initial", "3", "--backoff-max", "1"], {}, "--backoff-initial"),
     (["--nproc-per-node", "0"], {}, "--nproc-per-node"),
-    (["--frameworks", "torch,jax"], {}, "--frameworks"),
+    (["--frameworks", "torch,mxnet"], {}, "--frameworks"),
     ([], {"RALLYPOINT_FRAMEWORKS": ","}, "RALLYPOINT_FRAMEWORKS"),
     (["--tf-layout", "ps:0"], {}, "--tf-layout"),
     (["--provider", "yarn"], {}, "--provider"),
