@@ -46,6 +46,10 @@ BODY_TIMEOUT_S = 5.0
 #: After answering early (408, 413), unread body bytes are drained this long, not aiohttp's 10 s.
 LINGER_S = 1.0
 
+#: The default peer host; with it the peer API also listens on IPV6_ANY (v6-only socket).
+IPV4_ANY = "0.0.0.0"
+IPV6_ANY = "::"
+
 _NO_STORE = {"Cache-Control": "no-store"}
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -359,11 +363,16 @@ class Listeners:
         peer = await self._runner(peer_app(self.node), handler_cancellation=False)
         await self._bind(peer, settings.peer_host, settings.peer_port, "peer", quiet_v6=False)
         self.peer_bound.append((settings.peer_host, settings.peer_port))
+        # The wildcard means every address, as it does for gRPC: on an IPv6-only or
+        # dual-stack network peers may reach this node over IPv6 only.
+        if settings.peer_host == IPV4_ANY and await self._bind(
+            peer, IPV6_ANY, settings.peer_port, "peer", quiet_v6=True
+        ):
+            self.peer_bound.append((IPV6_ANY, settings.peer_port))
         log.info(
-            "listening local=%s peer=%s:%d",
+            "listening local=%s peer=%s",
             ",".join(f"{h}:{p}" for h, p in self.local_bound),
-            settings.peer_host,
-            settings.peer_port,
+            ",".join(f"{h}:{p}" for h, p in self.peer_bound),
         )
 
     async def close(self) -> None:

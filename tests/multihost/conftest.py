@@ -51,7 +51,7 @@ def netns_session() -> Iterator[str | None]:
 def make_cluster(
     netns_session: str | None, request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[MakeCluster]:
-    """Factory: make_cluster(hosts=HOSTS, args=(), env=None) -> an up Cluster (closed after)."""
+    """Factory: make_cluster(hosts=HOSTS, args=(), env=None, family="ipv4") -> an up Cluster."""
     require(netns_session is None, f"multi-host tier: {netns_session}")
     made: list[harness.Cluster] = []
 
@@ -59,6 +59,7 @@ def make_cluster(
         hosts: Sequence[str] = HOSTS,
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        family: str = "ipv4",
     ) -> harness.Cluster:
         extra = {"RALLYPOINT_TOKEN": TOKEN, **(env or {})}
         cluster = harness.Cluster(
@@ -66,6 +67,7 @@ def make_cluster(
             tmp_path / f"cluster{len(made)}",
             sidecar_args=(*FAST_ARGS, *args),
             sidecar_env=extra,
+            family=family,
         )
         made.append(cluster)
         cluster.up()

@@ -1,0 +1,55 @@
+"""JAX across the namespaces: the coordinator on the port the master's sidecar holds."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from tests.multihost import clients, harness
+from tests.multihost.conftest import MakeCluster
+
+pytestmark = [pytest.mark.multihost, pytest.mark.jax]
+
+READY_S = 40.0
+JOB_S = 240.0  # three JAX imports and XLA start-ups on two shared cores
+
+
+@pytest.mark.parametrize("family", ["ipv4", "ipv6", "dual"])
+def test_jax_collective_runs_on_the_served_env(make_cluster: MakeCluster, family: str) -> None:
+    clients.require_module("jax", "pip install 'jax[cpu]'")
+    cluster = make_cluster(args=("--frameworks", "jax"), family=family)
+    cluster.start_all()
+    served = cluster.wait_all_ready(READY_S)
+    coordinator = served["main1"]["JAX_COORDINATOR_ADDRESS"]
+    host, _, port_text = coordinator.rpartition(":")
+    port = int(port_text)
+    assert host == "main1", coordinator
+    order = harness.backendai_order(cluster.hosts)
+    for name, values in served.items():
+        assert values["JAX_COORDINATOR_ADDRESS"] == coordinator
+        assert values["JAX_NUM_PROCESSES"] == "3"
+        assert values["JAX_PROCESS_ID"] == str(order.index(name))
+        assert values.get("JAX_COORDINATOR_BIND_ADDRESS") == (
+            f"[::]:{port}" if name == "main1" else None
+        )
+        assert "MASTER_ADDR" not in values and "TF_CONFIG" not in values
+    # The master's sidecar holds the coordinator port: a plain bind there fails ...
+    assert cluster["main1"].try_bind(port) == errno.EADDRINUSE
+
+    outcomes = clients.run_clients(
+        list(cluster),
+        lambda node: clients.rallypoint_exec(clients.python("jax_allreduce.py")),
+        timeout_s=JOB_S,
+        label="jax",
+    )
+
+    # ... while JAX's gRPC coordinator binds it, and every process sees every contribution.
+    report = clients.describe(outcomes)
+    for name, outcome in outcomes.items():
+        assert outcome.code == 0 and len(outcome.results) == 1, report
+        result = outcome.results[0]
+        assert result["ok"] and result["sum"] == result["expected"] == 6.0, report
+        assert result["process_count"] == 3
+        assert result["process_id"] == order.index(name)
+        assert result["host"] == name
