@@ -9,7 +9,7 @@ import pytest
 from tests.multihost import clients, harness
 from tests.multihost.conftest import MakeCluster
 
-pytestmark = [pytest.mark.multihost, pytest.mark.jax]
+pytestmark = [pytest.mark.multihost, pytest.mark.jax, pytest.mark.timeout(900)]
 
 READY_S = 40.0
 JOB_S = 240.0  # three JAX imports and XLA start-ups on two shared cores
