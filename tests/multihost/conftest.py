@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -60,6 +60,7 @@ def make_cluster(
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         family: str = "ipv4",
+        environ_for: Callable[[harness.Cluster, harness.Node], Mapping[str, str]] | None = None,
     ) -> harness.Cluster:
         extra = {"RALLYPOINT_TOKEN": TOKEN, **(env or {})}
         cluster = harness.Cluster(
@@ -68,6 +69,7 @@ def make_cluster(
             sidecar_args=(*FAST_ARGS, *args),
             sidecar_env=extra,
             family=family,
+            environ_for=environ_for,
         )
         made.append(cluster)
         cluster.up()
