@@ -21,8 +21,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
-from rallypoint import render, wire
-from rallypoint.errors import AuthError, PeerMessageError, PortError
+from rallypoint import hostfile, render, wire
+from rallypoint.errors import AuthError, HostfileError, PeerMessageError, PortError
 from rallypoint.metrics import CONTENT_TYPE
 from rallypoint.rendezvous import JoinRejected, Reason, Rendezvous, auth_reason
 from rallypoint.settings import Settings
@@ -95,10 +95,11 @@ def _observe(api: str) -> Middleware:
 
 
 def local_app(node: Rendezvous) -> web.Application:
-    """The local API: /env, /readyz, /livez, /status, /metrics."""
+    """The local API: /env, /hostfile, /readyz, /livez, /status, /metrics."""
     app = web.Application(client_max_size=LOCAL_MAX_BYTES, middlewares=[_observe("local")])
     app[NODE] = node
     app.router.add_get("/env", _env)
+    app.router.add_get("/hostfile", _hostfile)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/livez", _livez)
     app.router.add_get("/status", _status)
@@ -140,6 +141,22 @@ _ENV_HEADERS = {
 }
 
 
+async def _wait_param(request: web.Request, params: dict[str, str]) -> web.Response | None:
+    """Long-poll for readiness when ?wait= asks for it; a 400 answer when it is malformed."""
+    if "wait" not in params:
+        return None
+    try:
+        wait_s = float(params["wait"])
+    except ValueError:
+        wait_s = math.nan
+    if not math.isfinite(wait_s) or wait_s < 0:
+        return error_response(
+            400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
+        )
+    await request.app[NODE].wait_ready(min(wait_s, MAX_WAIT_S))
+    return None
+
+
 async def _env(request: web.Request) -> web.Response:
     node = request.app[NODE]
     # Most calls carry no query: skip parsing it.
@@ -147,16 +164,9 @@ async def _env(request: web.Request) -> web.Response:
     fmt = params.get("format", "json")
     if fmt not in render.FORMATS:
         return error_response(400, f"format {fmt!r} is not one of {', '.join(render.FORMATS)}")
-    if "wait" in params:
-        try:
-            wait_s = float(params["wait"])
-        except ValueError:
-            wait_s = math.nan
-        if not math.isfinite(wait_s) or wait_s < 0:
-            return error_response(
-                400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
-            )
-        await node.wait_ready(min(wait_s, MAX_WAIT_S))
+    bad_wait = await _wait_param(request, params)
+    if bad_wait is not None:
+        return bad_wait
     env = node.env
     if not node.ready or env is None:
         return _not_ready(node.reasons())
@@ -164,6 +174,26 @@ async def _env(request: web.Request) -> web.Response:
     headers["X-Rallypoint-Generation"] = node.generation or ""
     # Rendered once per (env, format): json's indent=2 takes the pure-Python encoder.
     return web.Response(body=render.render_bytes(env.values, fmt), headers=headers)
+
+
+async def _hostfile(request: web.Request) -> web.Response:
+    """The nodes as ``host slots=N`` lines in rank order (DeepSpeed, Open MPI), when ready."""
+    node = request.app[NODE]
+    params = _single(request, ("wait",)) if request.query_string else {}
+    bad_wait = await _wait_param(request, params)
+    if bad_wait is not None:
+        return bad_wait
+    env = node.env
+    if not node.ready or env is None:
+        return _not_ready(node.reasons())
+    try:
+        slot_count = hostfile.slots(env.as_dict(), node.settings.nproc_per_node)
+        text = hostfile.render(node.spec.hosts, slot_count)
+    except HostfileError as exc:
+        return error_response(409, str(exc), "no_hostfile")
+    headers = dict(_ENV_HEADERS["sh"])
+    headers["X-Rallypoint-Generation"] = node.generation or ""
+    return web.Response(body=text.encode(), headers=headers)
 
 
 async def _readyz(request: web.Request) -> web.Response:
