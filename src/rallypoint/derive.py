@@ -135,6 +135,15 @@ def user_values(
     return found
 
 
+def check_values(user: Mapping[str, tuple[str, OverrideSource]]) -> None:
+    """OverrideError for the first user value that is malformed on its own (no layout needed).
+
+    `serve` calls it before anything listens: such a value could never be served.
+    """
+    for key, (value, source) in user.items():
+        _check_value(key, value, source)
+
+
 def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) -> Env:
     """Return the env for this node; doc None means offline (preferred ports, not reserved)."""
     _check_inputs(spec, doc, options)

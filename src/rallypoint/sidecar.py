@@ -112,6 +112,7 @@ class Sidecar:
                 resolve.SystemResolver(settings.resolve_workers)
             )
         user = derive.user_values(self.environ, settings.sets)
+        derive.check_values(user)  # a malformed value could never be served: exit 2 now
         auth = Authenticator(settings.token)
         if not auth.enabled:
             log.warning(
@@ -218,7 +219,7 @@ class Sidecar:
                         f"MASTER_PORT={wanted} (from {source}) cannot be held on this node: "
                         f"{exc}; free it or unset MASTER_PORT"
                     ) from exc
-            # Not a port: derive reports override_invalid; reserve the usual way meanwhile.
+            # Not a port: check_values refused it before this point.
         preferred = [
             p
             for p in (settings.master_port, spec.preferred_port, settings.default_master_port)
@@ -236,7 +237,7 @@ class Sidecar:
             try:
                 _host, wanted = tfconfig.parse_address(text, "JAX_COORDINATOR_ADDRESS")
             except TFConfigError:
-                wanted = None  # derive reports override_invalid; reserve the usual way
+                wanted = None  # check_values refused it before this point
             if wanted is not None:
                 try:
                     return ports.reserve([wanted], settings.port_range, avoid=avoid, exact=True)
