@@ -91,3 +91,32 @@ def test_torch_tf_and_jax_run_on_served_ipv6_addresses(
             assert outcome.code == 0 and len(outcome.results) == 1, report
             result = outcome.results[0]
             assert result["ok"] and result["sum"] == result["expected"] == 6.0, report
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_torchrun_takes_a_bare_ipv6_master_addr(make_cluster: MakeCluster, backend: str) -> None:
+    """torchrun joins MASTER_ADDR and MASTER_PORT with a colon and splits at the last one."""
+    from tests.multihost.test_torchrun import torchrun_command
+
+    clients.require_module("torch", "pip install torch==2.13.0")
+    cluster = make_cluster(
+        args=("--frameworks", "torch", "--master-addr", "ip", "--nproc-per-node", "2"),
+        family="ipv6",
+    )
+    cluster.start_all()
+    served = cluster.wait_all_ready(READY_S)
+    master = cluster["main1"].address
+    assert {values["PET_MASTER_ADDR"] for values in served.values()} == {master}
+
+    outcomes = clients.run_clients(
+        list(cluster), lambda node: torchrun_command(backend), timeout_s=JOB_S, label="torchrun"
+    )
+
+    report = clients.describe(outcomes)
+    ranks = []
+    for outcome in outcomes.values():
+        assert outcome.code == 0 and len(outcome.results) == 2, report
+        for result in outcome.results:
+            assert result["ok"] and result["sum"] == 21.0, report
+            ranks.append(result["rank"])
+    assert sorted(ranks) == list(range(6))
