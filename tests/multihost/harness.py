@@ -582,7 +582,9 @@ class Cluster:
 
     ``hosts`` are the node names in orchestrator order (e.g. ``("sub1", "main1", "sub2")``);
     ``environ_for(cluster, node)`` returns the orchestrator variables of a node (default:
-    Backend.AI). ``sidecar_args`` are passed to every `rallypoint serve`.
+    Backend.AI). ``sidecar_args`` are passed to every `rallypoint serve`. ``family`` is
+    ``ipv4`` (the default), ``ipv6`` (only ``fd00::/64`` addresses on the bridge) or
+    ``dual`` (both; ``Node.address6`` holds the IPv6 one).
     """
 
     _serial = 0
