@@ -68,7 +68,10 @@ def watch(node: harness.Node, out: dict[str, float], spawned: bool) -> None:
             return
 
 
-def one_run(cluster: harness.Cluster, scenario: str, wait_s: float) -> dict[str, float]:
+def one_run(
+    cluster: harness.Cluster, scenario: str, wait_s: float, args: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """One measurement; ``args`` go to every `rallypoint serve` (checks_cost.py varies them)."""
     nodes = list(cluster)
     last = nodes[0] if scenario == "master_last" else nodes[-1]
     master = nodes[0].name
@@ -78,7 +81,7 @@ def one_run(cluster: harness.Cluster, scenario: str, wait_s: float) -> dict[str,
     early = [n for n in nodes if n is not last]
     baselines = []
     for node in early:
-        node.start_sidecar()
+        node.start_sidecar(args)
         baselines.append(
             node.spawn([sys.executable, str(BASELINE), "kubeflow", master], label="kubeflow")
         )
@@ -105,7 +108,7 @@ def one_run(cluster: harness.Cluster, scenario: str, wait_s: float) -> dict[str,
     for node in nodes:
         node.unpin()
     t0 = time.monotonic()
-    last.start_sidecar()
+    last.start_sidecar(args)
     late = [
         last.spawn([sys.executable, str(BASELINE), "kubeflow", master], label="kubeflow"),
         last.spawn([sys.executable, str(BASELINE), "sagemaker", *hosts], label="sagemaker"),

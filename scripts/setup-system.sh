@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Prepare a Debian machine (root) for the container tier: install the Docker
-# engine, Debian's docker-compose 1.29, debootstrap and the network tools, then
-# start dockerd in the background unless an engine already answers.
+# Prepare a Debian machine (root) for the container and Slurm tiers: install the
+# Docker engine, Debian's docker-compose 1.29, debootstrap, the network tools and
+# Slurm (slurmctld, slurmd, the client commands, munge), then start dockerd in the
+# background unless an engine already answers.
 # Idempotent: a second run installs nothing and leaves a running engine alone.
+#
+# The Slurm tier (tests/slurm) starts its own munged, with a key and socket of its
+# own, and its own slurmctld and slurmd in network namespaces: it needs the
+# packages only, no munge key, configuration or service here.
 #
 #   sudo scripts/setup-system.sh
 #
@@ -14,7 +19,7 @@ set -euo pipefail
 
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/rallypoint-dockerd.log}"
 DOCKER_WAIT_S="${DOCKER_WAIT_S:-60}"
-PACKAGES=(docker.io docker-compose debootstrap iproute2 iptables)
+PACKAGES=(docker.io docker-compose debootstrap iproute2 iptables slurmctld slurmd slurm-client munge)
 
 log() { printf 'setup-system: %s\n' "$*" >&2; }
 
@@ -38,8 +43,9 @@ done
 if [[ ${#missing[@]} -gt 0 && "${SKIP_APT:-0}" != "1" ]]; then
     log "installing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # Another apt run may hold the dpkg lock for a while (unattended upgrades).
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
     log "packages present: ${PACKAGES[*]}"
 fi

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ]; then
     bash scripts/setup-system.sh
 else
-    echo "not root: the multi-host and compose tiers will be skipped (run as root for all tiers)" >&2
+    echo "not root: the multi-host, compose and Slurm tiers will be skipped (run as root for all tiers)" >&2
 fi
 
 python3 -m venv .venv

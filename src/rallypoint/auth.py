@@ -40,6 +40,7 @@ NONCE_CACHE_SIZE = 65536
 _MESSAGE_TAG = b"rallypoint-message-v1"
 _DIGEST_BYTES = hashlib.sha256().digest_size
 _FIELDS_TAG = b"rallypoint-fields-v1"
+_PROBE_TAG = b"rallypoint-probe-v1"
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _NONCE = re.compile(r"[0-9a-f]{32}")
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
@@ -139,6 +140,14 @@ class Authenticator:
         unsigned = {key: value for key, value in fields.items() if key != "sig"}
         self._check_mac(context, _field_parts(unsigned), fields["sig"])
         self._check_fresh(context, int(fields["ts"]))
+
+    def probe_mac(self, session: str, nonce: str, rank: int, host: str) -> str:
+        """A probe listener's answer to ``nonce``: bound to the session, keyed by the token.
+
+        Without a token anyone who knows the session can compute it (it proves "a sidecar of
+        this session answered", not who); with one, only holders of the secret can.
+        """
+        return self._mac([_PROBE_TAG, _utf8(session), _utf8(nonce), b"%d" % rank, _utf8(host)])
 
     def _mac(self, parts: list[bytes]) -> str:
         return hmac.new(self._key, _frame(parts), hashlib.sha256).hexdigest()

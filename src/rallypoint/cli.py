@@ -353,7 +353,7 @@ _settings_options = _apply(
     ),
     _opt(
         "--strict-self/--no-strict-self",
-        "Own name on loopback is fatal even with --emit-ifname.",
+        "Own name on loopback is fatal even when GLOO_SOCKET_IFNAME is served.",
         default=_S.strict_self,
     ),
     _opt(
@@ -370,8 +370,20 @@ _settings_options = _apply(
     ),
     _opt(
         "--emit-ifname/--no-emit-ifname",
-        "Serve GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME.",
+        "Serve NCCL_SOCKET_IFNAME besides GLOO_SOCKET_IFNAME / serve neither.",
         default=_S.emit_ifname,
+        show_default="GLOO_SOCKET_IFNAME only",
+    ),
+    _opt(
+        "--probe/--no-probe",
+        "Try every connection the job will make before turning ready.",
+        default=_S.probe,
+    ),
+    _opt(
+        "--probe-timeout",
+        "Seconds for one connection probe.",
+        type=_Seconds(),
+        default=_S.probe_timeout_s,
     ),
     _opt(
         "--frameworks",
@@ -465,6 +477,8 @@ def build_settings(ctx: click.Context, environ: Mapping[str, str]) -> Settings:
         allow_loopback=p.get("allow_loopback", s.allow_loopback),
         master_addr_mode=p.get("master_addr_mode", s.master_addr_mode),
         emit_ifname=p.get("emit_ifname", s.emit_ifname),
+        probe=p.get("probe", s.probe),
+        probe_timeout_s=p.get("probe_timeout", s.probe_timeout_s),
         frameworks=frozenset(p.get("frameworks", s.frameworks)),
         nproc_per_node=p.get("nproc_per_node", s.nproc_per_node),
         tf_layout=p.get("tf_layout", s.tf_layout),

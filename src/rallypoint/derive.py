@@ -2,11 +2,13 @@
 
 Which keys belong to which framework (``DeriveOptions.frameworks``):
 
-* always: NNODES, NODE_RANK, RALLYPOINT_GENERATION, and NCCL_SOCKET_IFNAME when an
-  interface is known (NCCL carries both torch's and TensorFlow's collectives);
+* always: NNODES, NODE_RANK, RALLYPOINT_GENERATION, and with --emit-ifname
+  NCCL_SOCKET_IFNAME when an interface is known (NCCL carries both torch's and
+  TensorFlow's collectives, but picks its own interface and prefers InfiniBand);
 * torch: MASTER_ADDR, MASTER_PORT, the PET_* defaults torchrun reads, WORLD_SIZE,
   RANK, WORLD_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE (the last four only with one
-  process per node: otherwise torchrun sets them per process) and GLOO_SOCKET_IFNAME;
+  process per node: otherwise torchrun sets them per process) and GLOO_SOCKET_IFNAME
+  (by default: the interface that routes to the master, docs/loopback.md);
 * tf: TF_CONFIG;
 * jax: JAX_COORDINATOR_ADDRESS (the master's host and the coordinator port its sidecar
   holds), JAX_NUM_PROCESSES, JAX_PROCESS_ID (only with one process per node) and, on the
@@ -174,7 +176,9 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
         derived.update(RANK=str(spec.rank), WORLD_RANK=str(spec.rank))
         derived.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     if options.ifname:
-        derived.update(GLOO_SOCKET_IFNAME=options.ifname, NCCL_SOCKET_IFNAME=options.ifname)
+        derived["GLOO_SOCKET_IFNAME"] = options.ifname
+        if options.nccl_ifname:
+            derived["NCCL_SOCKET_IFNAME"] = options.ifname
     jax_port: int | None = None
     if "jax" in frameworks:
         jax_port = _jax_port(doc, options, required="JAX_COORDINATOR_ADDRESS" not in user)

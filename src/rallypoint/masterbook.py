@@ -1,8 +1,15 @@
-"""The master's join book: checks and records joins, issues cluster documents, serves long-polls."""
+"""The master's join book: checks and records joins, issues cluster documents, serves long-polls.
+
+It also keeps the cluster-wide verdict of the current generation: every node reports its own
+checks (names, connections) and the generation is verified only when every node passed. The
+verdict's version moves only on what a waiting node must act on (a failure appears or goes,
+the warnings change, the generation is verified), so N reports wake the N long-polls once.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import hashlib
 from dataclasses import dataclass
@@ -10,6 +17,10 @@ from dataclasses import dataclass
 from rallypoint import wire
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, ClusterSpec, Member
+from rallypoint.reasons import Reason
+
+#: Failure codes a busy window excuses: the job already listens on that port (see _excused).
+_WINDOW_CODES = {"master_port_unreachable": "master", "tf_port_unreachable": "tf"}
 
 
 class JoinRejected(PeerMessageError):
@@ -60,6 +71,14 @@ class MasterBook:
         self._counter = 0
         self._changed = asyncio.Event()
         self._closed = False
+        # The verdict on self.doc: the latest report of each rank, and what follows from it.
+        self.reports: dict[int, wire.Report] = {}
+        self._unpassed: set[int] = set(range(spec.nnodes))
+        self._failing: set[int] = set()
+        self._mtus: dict[int, int] = {}  # MTU -> how many nodes report it
+        self.verdict: wire.Verdict | None = None
+        self._verdict_version = 0
+        self._verdict_changed = asyncio.Event()
 
     @property
     def closed(self) -> bool:
@@ -130,7 +149,194 @@ class MasterBook:
         self.encoded_doc = EncodedDoc.of(self.doc)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+        self.reports = {}
+        self._unpassed = set(range(self.spec.nnodes))
+        self._failing = set()
+        self._mtus = {}
+        self._rebuild(force=True)
         return True
+
+    # -- the cluster-wide verdict -------------------------------------------------------------
+
+    def report(self, report: wire.Report) -> wire.Verdict:
+        """Record a node's checks of the current generation; the verdict as it stands now."""
+        spec, doc = self.spec, self.doc
+        if report.session != spec.session:
+            raise JoinRejected(
+                409, "session_mismatch", f"report for session {report.session!r}, not ours"
+            )
+        if (
+            not 0 <= report.rank < spec.nnodes
+            or report.host.lower() != spec.hosts[report.rank].lower()
+        ):
+            raise JoinRejected(
+                403, "impostor", f"host {report.host!r} cannot report for rank {report.rank}"
+            )
+        if doc is None or report.generation != doc.generation:
+            raise JoinRejected(
+                409,
+                "stale_generation",
+                f"report for generation {report.generation}, but the current one is "
+                f"{None if doc is None else doc.generation}; fetch the new cluster document",
+            )
+        old = self.reports.get(report.rank)
+        self.reports[report.rank] = report
+        rank = report.rank
+        if report.passed:
+            self._unpassed.discard(rank)
+        else:
+            self._unpassed.add(rank)
+        if report.failures:
+            self._failing.add(rank)
+        else:
+            self._failing.discard(rank)
+        before = old or wire.Report(spec.session, report.generation, rank, report.host, False)
+        material = (
+            before.failures != report.failures
+            or before.busy != report.busy
+            or self._count_mtu(before.net.mtu, report.net.mtu)
+        )
+        # Verified can only flip once every rank reported and nobody else still checks.
+        complete = len(self.reports) == spec.nnodes and self._unpassed <= self._failing
+        if material or complete:
+            self._rebuild()
+        elif self.verdict is not None and (old is None or old.passed != report.passed):
+            # Who is still checking is shown, not acted on: refresh it without a new version
+            # (which would wake every long-poll), listing names once few are left.
+            self.verdict = dataclasses.replace(
+                self.verdict,
+                pending=self._pending()
+                if len(self._unpassed) <= wire.MAX_PENDING
+                else (self.verdict.pending),
+                pending_count=len(self._unpassed),
+            )
+        assert self.verdict is not None
+        return self.verdict
+
+    async def wait_verdict(self, generation: str, seen: int, timeout_s: float) -> wire.Verdict:
+        """The verdict once its version is not ``seen`` (or the generation moved on)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while (
+            self.verdict is not None
+            and self.verdict.version == seen
+            and self.verdict.generation == generation
+            and not self._closed
+        ):
+            remaining = end - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._verdict_changed.wait(), remaining)
+            except TimeoutError:
+                break
+        assert self.verdict is not None
+        return self.verdict
+
+    def _rebuild(self, *, force: bool = False) -> None:
+        """Recompute the verdict; bump its version and wake waiters when it changed."""
+        doc = self.doc
+        if doc is None:
+            return
+        failures = [
+            self._as_seen_by_all(rank, reason)
+            for rank in sorted(self._failing)
+            for reason in self.reports[rank].failures
+            if not self._excused(reason)
+        ]
+        blocked = self._blocked()
+        verified = not blocked and not failures
+        warnings = self._mtu_warnings()
+        old = self.verdict
+        if (
+            not force
+            and old is not None
+            and old.verified == verified
+            and old.failures == tuple(failures[: wire.MAX_FAILURES])
+            and old.failure_count == len(failures)
+            and old.warnings == warnings
+        ):
+            return
+        pending = sorted(blocked)
+        self._verdict_version += 1
+        self.verdict = wire.Verdict(
+            session=self.spec.session,
+            generation=doc.generation,
+            version=self._verdict_version,
+            verified=verified,
+            pending=tuple(pending[: wire.MAX_PENDING]),
+            pending_count=len(pending),
+            failures=tuple(failures[: wire.MAX_FAILURES]),
+            failure_count=len(failures),
+            warnings=warnings,
+        )
+        changed, self._verdict_changed = self._verdict_changed, asyncio.Event()
+        changed.set()
+
+    def _blocked(self) -> set[int]:
+        """Ranks that keep the generation from being verified (O(ranks not passed))."""
+        return {
+            rank
+            for rank in self._unpassed
+            if rank not in self.reports
+            or not self.reports[rank].failures
+            or any(not self._excused(r) for r in self.reports[rank].failures)
+        }
+
+    def _pending(self) -> tuple[int, ...]:
+        return tuple(sorted(self._blocked())[: wire.MAX_PENDING])
+
+    def _count_mtu(self, old: int | None, new: int | None) -> bool:
+        """Move one node's MTU from ``old`` to ``new``; True when the set of MTUs changed."""
+        if old == new:
+            return False
+        kinds = len(self._mtus)
+        if old is not None:
+            self._mtus[old] -= 1
+            if not self._mtus[old]:
+                del self._mtus[old]
+        if new is not None:
+            self._mtus[new] = self._mtus.get(new, 0) + 1
+        return len(self._mtus) != kinds or (len(self._mtus) > 1)
+
+    def _excused(self, reason: Reason) -> bool:
+        """A probe of a master or TF port answered by something else, where the port's node
+        reported that the job itself already listens there (its window was busy)."""
+        kind = _WINDOW_CODES.get(reason.code)
+        if kind is None or reason.detail != "foreign_answer" or len(reason.ranks) != 2:
+            return False
+        target = self.reports.get(reason.ranks[1])
+        return target is not None and kind in target.busy
+
+    def _as_seen_by_all(self, rank: int, reason: Reason) -> Reason:
+        """A node's failure as every other node shows it: prefixed with the reporter's name."""
+        host = self.spec.hosts[rank]
+        message = reason.message
+        if not message.startswith(host + " "):
+            message = f"{host} reports: {message}"
+        ranks = reason.ranks or (rank,)
+        return Reason(reason.code, message[:1000], reason.host, reason.detail, ranks)
+
+    def _mtu_warnings(self) -> tuple[str, ...]:
+        if len(self._mtus) < 2:
+            return ()
+        by_mtu: dict[int, list[str]] = {}
+        for _rank, report in sorted(self.reports.items()):
+            if report.net.mtu is not None:
+                by_mtu.setdefault(report.net.mtu, []).append(
+                    f"{report.host} ({report.net.ifname or '?'})"
+                )
+        if len(by_mtu) < 2:
+            return ()
+        parts = []
+        for mtu, hosts in sorted(by_mtu.items()):
+            more = f" and {len(hosts) - 4} more" if len(hosts) > 4 else ""
+            parts.append(f"{mtu} on {', '.join(hosts[:4])}{more}")
+        return (
+            "the MTU of the interface that routes to the master differs across the cluster: "
+            + "; ".join(parts)
+            + "; large messages may stall where paths disagree: give every node the same MTU",
+        )
 
     async def wait(self, after: str | None, timeout_s: float) -> ClusterDoc | None:
         """A document whose generation is not ``after``, or None after ``timeout_s``."""

@@ -64,6 +64,18 @@ class Metrics:
             "Join backoffs cut short because mDNS showed the master start or change generation",
             registry=r,
         )
+        self.probes_sent = Counter(
+            "rallypoint_probes_sent",
+            "Connection probes made to peers' ports, by kind and cause (ok, timeout ...)",
+            ["kind", "cause"],
+            registry=r,
+        )
+        self.probes_answered = Counter(
+            "rallypoint_probes_answered",
+            "Connections to this node's probe windows, by result (answered, garbage ...)",
+            ["result"],
+            registry=r,
+        )
         self._request_children: dict[tuple[str, str, int], Counter] = {}
         #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).
         self.mdns_rejections: Callable[[], Mapping[str, int]] = dict

@@ -65,6 +65,8 @@ class Member:
     tf_port: int | None = None
     #: The JAX coordinator port the master's sidecar reserved (rank 0 only, with jax served).
     jax_port: int | None = None
+    #: The ephemeral-range port its sidecar holds for connection probes (None: no probes).
+    probe_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +106,10 @@ class DeriveOptions:
     tf_layout: str = "workers"
     #: The master's verified address, served as MASTER_ADDR instead of its name.
     master_ip: str | None = None
-    #: The local interface that routes to the master (--emit-ifname).
+    #: The local interface that routes to the master, served as GLOO_SOCKET_IFNAME.
     ifname: str | None = None
+    #: Serve ``ifname`` as NCCL_SOCKET_IFNAME too (--emit-ifname; NCCL picks its own).
+    nccl_ifname: bool = False
     #: User-set values of contract variables: key -> (value, source).
     user: Mapping[str, tuple[str, OverrideSource]] = field(default_factory=dict)
     #: Offline only (no cluster document): the master port shown; None means the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import fcntl
 import ipaddress
+import os
 import shutil
 import socket
 import struct
@@ -63,6 +64,25 @@ def route_ifname(address: str) -> str | None:
         if ipaddress.ip_address(local) == source_ip:
             return ifname
     return None
+
+
+def mtu(ifname: str, sys_class_net: str = "/sys/class/net") -> int | None:
+    """The MTU of interface ``ifname`` from sysfs; None when it cannot be read."""
+    if not ifname or "/" in ifname or ifname.startswith("."):
+        return None
+    try:
+        with open(f"{sys_class_net}/{ifname}/mtu", encoding="ascii") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def rdma_visible(path: str = "/dev/infiniband") -> bool:
+    """Whether RDMA devices are visible here (NCCL would then prefer InfiniBand/RoCE)."""
+    try:
+        return any(True for _ in os.scandir(path))
+    except OSError:
+        return False
 
 
 def _interface_addresses() -> list[tuple[str, str]]:

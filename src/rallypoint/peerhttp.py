@@ -92,6 +92,29 @@ class PeerClient:
         self.auth.verify("200 /v1/cluster", payload, answer_headers)
         return wire.parse_cluster_doc(payload)
 
+    async def post_report(self, target: tuple[str, int], body: bytes) -> wire.Verdict:
+        """POST /v1/report, a long-poll: the master's verdict once it differs from the one seen.
+
+        PeerDown, JoinRejected, AuthError or PeerMessageError when it fails.
+        """
+        headers = {"Content-Type": "application/json"}
+        headers.update(self.auth.sign("POST /v1/report", body))
+        timeout = aiohttp.ClientTimeout(
+            total=self.settings.long_poll_s + self.settings.resolve_timeout_s
+        )
+        try:
+            async with self._client().post(
+                url(target, "/v1/report"), data=body, headers=headers, timeout=timeout
+            ) as resp:
+                payload = await _read_limited(resp, wire.MAX_REPORT_BYTES)
+                status, answer_headers = resp.status, resp.headers
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise PeerDown(_describe(exc)) from exc
+        if status != 200:
+            raise _refusal(status, payload)
+        self.auth.verify("200 /v1/report", payload, answer_headers)
+        return wire.parse_verdict(payload)
+
     async def post_poke(self, target: tuple[str, int], body: bytes, timeout_s: float) -> bool:
         """POST /v1/poke; whether the worker accepted it, PeerDown when it was not reached."""
         headers = {"Content-Type": "application/json"}

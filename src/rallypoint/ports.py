@@ -75,6 +75,34 @@ class HeldPort:
         for sock in sockets:
             sock.close()
 
+    def listen(self, backlog: int = 128) -> list[socket.socket]:
+        """Listening SO_REUSEADDR sockets on the held port, one per held family (the window).
+
+        The hold stays: closing the returned sockets ends the window and leaves the port
+        exactly as held before, so the training process's own SO_REUSEADDR listener binds it
+        afterwards. PortError when another listener is on the port already (the job's own
+        TCPStore or gRPC server: Linux lets only one socket listen there) or it is not held.
+        """
+        if not self._sockets:
+            raise PortError(f"port {self.port} is not held")
+        listening: list[socket.socket] = []
+        for held in self._sockets:
+            family = held.family
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(held.getsockname()[:2])
+                sock.listen(backlog)
+                sock.setblocking(False)
+            except OSError as exc:
+                sock.close()
+                _close_all(listening)
+                raise PortError(f"port {self.port} cannot listen: {_reason(exc)}") from exc
+            listening.append(sock)
+        return listening
+
     def __enter__(self) -> HeldPort:
         return self
 
@@ -153,6 +181,27 @@ def reserve(
         f"no free port in {low}-{high} outside the ephemeral range {eph_low}-{eph_high}"
         f"{passed_over}; free a port there or set RALLYPOINT_PORT_RANGE to a wider range"
     )
+
+
+def reserve_ephemeral(attempts: int = 16) -> HeldPort:
+    """Hold a port the kernel picks from its ephemeral range, on both families where available.
+
+    gloo and NCCL listen on such ports, so a probe to one crosses the same firewall rules
+    the job's own connections will. PortError when no port is free on both families.
+    """
+    last = "no attempt made"
+    for _ in range(attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as picker:
+            try:
+                picker.bind(("0.0.0.0", 0))
+            except OSError as exc:
+                raise PortError(f"no ephemeral port can be bound: {_reason(exc)}") from exc
+            port = int(picker.getsockname()[1])
+        held = _hold(port)
+        if isinstance(held, list):
+            return HeldPort(port, held)
+        last = f"{port} {held}"
+    raise PortError(f"no ephemeral port could be held on IPv4 and IPv6 (last: {last})")
 
 
 def _hold(port: int) -> list[socket.socket] | str:

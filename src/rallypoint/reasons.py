@@ -71,14 +71,63 @@ def self_loopback_reason(
     where = f"this node's own name {host} resolves to loopback ({', '.join(loopback)})"
     fix = f"map {host} to its cluster address in /etc/hosts"
     remedy = (
-        f"--emit-ifname found no interface that routes to the master, so {fix}"
+        f"no interface that routes to the master was found to serve as GLOO_SOCKET_IFNAME, so {fix}"
         if emit_ifname
-        else f"{fix}, or run with --emit-ifname so GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME pin "
-        "the interface that routes to the master"
+        else f"{fix}, or drop --no-emit-ifname so GLOO_SOCKET_IFNAME pins the interface that "
+        "routes to the master"
     )
     return Reason(
         "self_loopback",
         f"{where}, which gloo would publish to its peers; {remedy} (see docs/loopback.md)",
         host=host,
         detail=detail,
+    )
+
+
+#: Reason codes of failed connection probes, by the kind of port probed.
+UNREACHABLE_CODES = {
+    "master": "master_port_unreachable",
+    "probe": "peer_unreachable",
+    "tf": "tf_port_unreachable",
+}
+_PORT_KINDS = {
+    "master": "the master port",
+    "probe": "a port in its ephemeral range, where gloo and NCCL listen",
+    "tf": "its TF worker port",
+}
+_CAUSE_REMEDIES = {
+    "timeout": "a firewall, security group or route drops it: open the port between the nodes",
+    "refused": "its sidecar does not answer there or a firewall rejects it: is the sidecar "
+    "running, and the port open between the nodes?",
+    "reset": "something resets the connection: check firewalls and proxies between the nodes",
+    "no_route": "there is no route between the nodes: check the interfaces and routes",
+    "foreign_answer": "something that is not this session's sidecar answers on that port "
+    "(another process, a proxy, or a sidecar with another RALLYPOINT_TOKEN)",
+    "wrong_peer": "the name leads to another node of the session: fix its DNS or /etc/hosts entry",
+}
+
+
+def unreachable_reason(
+    source: tuple[int, str],
+    target: tuple[int, str, str],
+    kind: str,
+    port: int,
+    cause: str,
+    detail: str,
+) -> Reason:
+    """Not ready because a connection the job will make failed: names the pair and the port.
+
+    ``detail`` of the Reason is the stable cause (timeout, refused, reset, no_route,
+    foreign_answer, wrong_peer, error); the message carries the probe's own words.
+    """
+    own_rank, own_host = source
+    rank, host, address = target
+    remedy = _CAUSE_REMEDIES.get(cause, "check the network between the nodes")
+    return Reason(
+        UNREACHABLE_CODES[kind],
+        f"{own_host} cannot reach {host} ({address}) on tcp/{port}, {_PORT_KINDS[kind]}: "
+        f"{detail}; {remedy}",
+        host=host,
+        detail=cause,
+        ranks=(own_rank, rank),
     )

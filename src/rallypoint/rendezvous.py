@@ -24,8 +24,9 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from rallypoint import resolve, wire
+from rallypoint import connectivity, netinfo, probe, resolve, wire
 from rallypoint.auth import Authenticator
+from rallypoint.clustercheck import GenerationCheck, cancel_quietly, http_transport, local_transport
 from rallypoint.masterbook import JoinRejected, MasterBook
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSource
@@ -54,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: Pokes are best effort: a worker that does not answer this fast is not waited for.
 POKE_TIMEOUT_S = 2.0
+#: A node whose names or env failed judges them again after about this long.
+RECHECK_S = 2.0
 
 
 class Rendezvous:
@@ -71,6 +74,7 @@ class Rendezvous:
         held: Mapping[str, HeldPort],
         user: Mapping[str, tuple[str, OverrideSource]],
         endpoint: PeerEndpoint | None = None,
+        route: probe.ProbeRoute | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
@@ -83,6 +87,14 @@ class Rendezvous:
         self.held = dict(held)
         self.user = dict(user)
         self._endpoint = endpoint or (lambda _host, address: (address, settings.peer_port))
+        self._route = route or probe.direct
+        #: Where the last accepted join reached the master's peer API (reports go there).
+        self.master_target: tuple[str, int] | None = None
+        self.windows: connectivity.Windows | None = None
+        self._prober: connectivity.Prober | None = None
+        #: The current generation's checks and the master's verdict on them.
+        self.check: GenerationCheck | None = None
+        self._net = wire.NetFacts()
         self._clock = clock
         self._rng = rng or random.Random()
         self.accept_loopback = spec.loopback_ok or settings.allow_loopback
@@ -139,13 +151,15 @@ class Rendezvous:
         await self.close()
 
     async def close(self) -> None:
-        """Cancel background work and close the HTTP client; closing twice is safe."""
+        """Cancel background work, close the windows and the HTTP client; closing twice is safe."""
         tasks = list(self._tasks)
         if self._verify_task is not None:
             tasks.append(self._verify_task)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.windows is not None:
+            await self.windows.close()
         await self._peer_client.close()
 
     def begin_shutdown(self) -> None:
@@ -198,11 +212,31 @@ class Rendezvous:
             deadline=lambda: self._deadline,
             on_peer_failure=self._show_peer_failure,
         )
+        if self.settings.probe:
+            listener = probe.ProbeListener(
+                session=spec.session,
+                rank=spec.rank,
+                host=spec.host,
+                auth=self.auth,
+                metrics=self.metrics,
+            )
+            self.windows = connectivity.Windows(self.held, listener)
+            self._prober = connectivity.Prober(
+                spec,
+                self.settings,
+                auth=self.auth,
+                metrics=self.metrics,
+                route=self._route,
+                rng=self._rng,
+            )
         self._spec_known.set()
 
     async def run(self) -> None:
         """Drive this node's side of the rendezvous until cancelled."""
         await self._spec_known.wait()
+        if self.windows is not None:
+            # Open before anyone can hold our document: the first probes find them open.
+            await self.windows.open()
         if self.book is not None:
             await self._run_master(self.book)
         else:
@@ -364,6 +398,11 @@ class Rendezvous:
         """Long-poll for a document newer than ``after`` (master only); None on timeout."""
         return await self._require_master().wait(after, self.settings.long_poll_s)
 
+    async def handle_report(self, report: wire.Report) -> wire.Verdict:
+        """Record a node's checks (master only); the verdict, long-polled while unchanged."""
+        book = self._require_master()
+        return await local_transport(book, self.settings.long_poll_s)(report)
+
     def _recheck(self, host: str) -> None:
         """A known worker joined again: retry a verification that gave up or waits on it."""
         task, doc = self._verify_task, self.doc
@@ -500,17 +539,76 @@ class Rendezvous:
         self.not_ready(Reason("verifying", f"verifying peer names for generation {doc.generation}"))
         self._verify_task = asyncio.create_task(self._verify_and_derive(doc))
 
+    def _transport(self) -> Callable[[wire.Report], Any]:
+        if self.book is not None:
+            return local_transport(self.book, self.settings.long_poll_s)
+        return http_transport(self._peer_client, lambda: self.master_target)
+
     async def _verify_and_derive(self, doc: ClusterDoc) -> None:
-        checked = await self._verifier().check(doc)
-        self.verify_warnings = [checked.warning] if checked.warning else []
-        if checked.failures:
-            self.not_ready(*checked.failures)
-            return
-        outcome = self._verifier().derive(doc, checked)
-        if isinstance(outcome, Reason):
-            self.not_ready(outcome)
-            return
-        self._become_ready(outcome)
+        """Names, env, connections, then the master's cluster-wide verdict: ready."""
+        windows = self.windows
+        check = GenerationCheck(
+            self,
+            self.spec,
+            doc,
+            self.settings,
+            self._transport(),
+            net=self._net,
+            busy=lambda: frozenset() if windows is None else windows.busy,
+            rng=self._rng,
+        )
+        self.check = check
+        if windows is not None:
+            await windows.open()  # after a ready generation they were closed
+        follow = asyncio.create_task(check.follow())
+        probes: asyncio.Task[None] | None = None
+        try:
+            while True:
+                checked = await self._verifier().check(doc)
+                self.verify_warnings = [checked.warning] if checked.warning else []
+                self._net = check.net = await asyncio.to_thread(_net_facts, checked.route_ifname)
+                outcome: Env | Reason = (
+                    checked.failures[0]
+                    if checked.failures
+                    else self._verifier().derive(doc, checked)
+                )
+                if not isinstance(outcome, Reason):
+                    break
+                # Tell the master (every node shows it), then judge again after a pause: a
+                # fixed /etc/hosts entry or a late DNS record turns the cluster ready
+                # without a restart (a poke or a re-join retries at once).
+                check.update(checked.failures or [outcome])
+                await check.reported(self.settings.resolve_timeout_s)
+                await asyncio.sleep(self._rng.uniform(0.5, 1.0) * RECHECK_S)
+            if self._prober is not None:
+                targets = self._targets(doc)
+                check.update(
+                    [Reason("verifying", f"trying {len(targets)} connections the job will make")]
+                )
+                prober = self._prober
+                probes = asyncio.create_task(
+                    prober.run(targets, lambda failed: check.update(failed, passed=not failed))
+                )
+            else:
+                check.update([], passed=True)
+            verdict = await follow
+            self.verify_warnings += list(verdict.warnings)
+            if windows is not None:
+                # Before ready: the job's own listeners must find the held ports free to bind.
+                await windows.close()
+            self._become_ready(outcome)
+        finally:
+            await cancel_quietly(probes)
+            await cancel_quietly(follow)
+
+    def _targets(self, doc: ClusterDoc) -> list[connectivity.Target]:
+        """The connections to try for ``doc``: the master port and the peers in scope."""
+        spec = self.spec
+        ranks = [rank for rank, peer in self.peers.items() if peer.in_scope]
+        addresses = connectivity.verified_addresses(
+            doc, ranks, {rank: self.peers[rank].resolution for rank in ranks}
+        )
+        return connectivity.plan(spec, doc, ranks, addresses, tf="tf" in self.settings.frameworks)
 
     def _verifier(self) -> Verifier:
         if self._verify is None:
@@ -518,19 +616,21 @@ class Rendezvous:
         return self._verify
 
     def _show_peer_failure(self, doc: ClusterDoc, host: str, reason: Reason) -> None:
-        """A peer's first check failed: show it now unless ready or the document moved on."""
-        if not self._ready and self.doc is doc:
-            current = [r for r in self._phase if r.code != "verifying" and r.host != host]
-            self.not_ready(*current, reason)
+        """A peer's first check failed: show and report it now, unless the document moved on."""
+        check = self.check
+        if not self._ready and self.doc is doc and check is not None and check.doc is doc:
+            current = [r for r in check.local if r.code != "verifying" and r.host != host]
+            check.update([*current, reason])
 
     def _own_member(self) -> Member:
-        tf, jax = self.held.get("tf"), self.held.get("jax")
+        tf, jax, probe_port = self.held.get("tf"), self.held.get("jax"), self.held.get("probe")
         return Member(
             rank=self.spec.rank,
             host=self.spec.host,
             addresses=tuple(dict.fromkeys(wire.address(a) for a in self.addresses)),
             tf_port=None if tf is None else tf.port,
             jax_port=None if jax is None else jax.port,
+            probe_port=None if probe_port is None or not self.settings.probe else probe_port.port,
         )
 
     # -- status -------------------------------------------------------------------------
@@ -580,15 +680,59 @@ class Rendezvous:
                 for name, held in self.held.items()
             },
             "auth": {"enabled": self.auth.enabled},
+            "network": {
+                "route_ifname": self._net.ifname,
+                "mtu": self._net.mtu,
+                "rdma_devices": self._net.rdma,
+            },
+            "checks": self._checks_status(),
             "timings": {
                 "uptime_s": round_s(self.uptime_s),
                 "ready_after_s": round_s(self._ready_after_s),
                 "deadline_s": self.settings.deadline_s,
             },
         }
+        if self.book is not None:
+            out["cluster"] = self._cluster_status(self.book)
         for name, section in self.status_sections.items():
             try:
                 out[name] = section()
             except Exception as exc:
                 out[name] = {"error": str(exc)}
         return out
+
+    def _checks_status(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "enabled": self.settings.probe,
+            "windows": {} if self.windows is None else dict(self.windows.state),
+        }
+        if self.check is not None:
+            out.update(self.check.status())
+        return out
+
+    def _cluster_status(self, book: MasterBook) -> list[dict[str, object]]:
+        """The master's view: each node's last report of the current generation (first 256)."""
+        nodes: list[dict[str, object]] = []
+        for rank, report in sorted(book.reports.items())[:256]:
+            nodes.append(
+                {
+                    "rank": rank,
+                    "host": report.host,
+                    "passed": report.passed,
+                    "failures": len(report.failures),
+                    "busy": sorted(report.busy),
+                    "route_ifname": report.net.ifname,
+                    "mtu": report.net.mtu,
+                    "rdma_devices": report.net.rdma,
+                }
+            )
+        return nodes
+
+
+def _net_facts(ifname: str | None) -> wire.NetFacts:
+    """The route interface's MTU and whether RDMA devices are visible (blocking: sysfs)."""
+    return wire.NetFacts(
+        ifname=ifname,
+        mtu=None if ifname is None else netinfo.mtu(ifname),
+        rdma=netinfo.rdma_visible(),
+    )

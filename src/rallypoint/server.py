@@ -233,6 +233,7 @@ def peer_app(node: Rendezvous, *, run_rendezvous: bool = True) -> web.Applicatio
     app.router.add_get("/v1/cluster", _cluster)
     app.router.add_get("/v1/ready", _ready)
     app.router.add_post("/v1/poke", _poke)
+    app.router.add_post("/v1/report", _report)
     if run_rendezvous:
         app.cleanup_ctx.append(_rendezvous_task)
     return app
@@ -330,6 +331,14 @@ async def _poke(request: web.Request) -> web.Response:
     node.auth.verify("POST /v1/poke", body, request.headers)
     node.handle_poke(wire.parse_poke(body))
     return web.Response(status=204, headers=_NO_STORE)
+
+
+async def _report(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _read_body(request)
+    node.auth.verify("POST /v1/report", body, request.headers)
+    verdict = await node.handle_report(wire.parse_report(body))
+    return _signed(node, "200 /v1/report", wire.encode_verdict(verdict))
 
 
 def _signed(node: Rendezvous, context: str, payload: bytes) -> web.Response:

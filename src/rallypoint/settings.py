@@ -56,7 +56,14 @@ class Settings:
     strict_self: bool = False
     allow_loopback: bool = False
     master_addr_mode: MasterAddrMode = "name"
-    emit_ifname: bool = False
+    #: None (default): serve GLOO_SOCKET_IFNAME, the interface that routes to the master;
+    #: True (--emit-ifname): NCCL_SOCKET_IFNAME too; False (--no-emit-ifname): neither.
+    emit_ifname: bool | None = None
+
+    # Connection checks (connectivity.py): every connection the job will make is tried.
+    probe: bool = True
+    probe_timeout_s: float = 2.0
+    probe_workers: int = 64
 
     # What is served.
     frameworks: frozenset[str] = DEFAULT_FRAMEWORKS

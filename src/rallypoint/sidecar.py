@@ -17,6 +17,7 @@ from rallypoint.auth import Authenticator
 from rallypoint.errors import ClusterSpecError, PortError, TFConfigError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, OverrideSource
+from rallypoint.probe import ProbeRoute
 from rallypoint.rendezvous import PeerEndpoint, Reason, Rendezvous, discovering_reason
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
@@ -48,6 +49,7 @@ class Sidecar:
         spec: ClusterSpec | None = None,
         addresses: Sequence[str] | None = None,
         endpoint: PeerEndpoint | None = None,
+        route: ProbeRoute | None = None,
         avoid_ports: Collection[int] = (),
     ) -> None:
         self.settings = settings
@@ -56,6 +58,7 @@ class Sidecar:
         self._spec = spec
         self._addresses = None if addresses is None else tuple(addresses)
         self._endpoint = endpoint
+        self._route = route
         self._avoid = frozenset(avoid_ports)
         self._stack: AsyncExitStack | None = None
         self._node: Rendezvous | None = None
@@ -144,6 +147,7 @@ class Sidecar:
             held=held,
             user=user,
             endpoint=self._endpoint,
+            route=self._route,
         )
         if not auth.enabled:
             node.static_warnings.append(
@@ -182,7 +186,8 @@ class Sidecar:
     def _reserve(
         self, spec: ClusterSpec, user: Mapping[str, tuple[str, OverrideSource]]
     ) -> dict[str, ports.HeldPort]:
-        """Hold MASTER_PORT and the JAX coordinator port (master), and the TF worker port."""
+        """Hold MASTER_PORT and the JAX coordinator port (master), the TF worker port (when
+        TF_CONFIG is served) and the probe port (when connections are checked)."""
         settings = self.settings
         held: dict[str, ports.HeldPort] = {}
         try:
@@ -194,6 +199,8 @@ class Sidecar:
             if "tf" in settings.frameworks:
                 avoid = set(self._avoid) | {p.port for p in held.values()}
                 held["tf"] = ports.reserve([settings.tf_port], settings.port_range, avoid=avoid)
+            if settings.probe:
+                held["probe"] = ports.reserve_ephemeral()
         except BaseException:
             for port in held.values():
                 port.close()

@@ -64,9 +64,12 @@ class Checked:
     own: Resolution
     #: The master's verified address (None when no verified answer names it).
     master_ip: str | None
-    #: With --emit-ifname, the interface that routes to the master; the own name was judged
-    #: with it, so derive() serves exactly what the judgement assumed.
+    #: The interface served as GLOO_SOCKET_IFNAME (None with --no-emit-ifname or when no
+    #: route was found); the own name was judged with it, so derive() serves exactly what
+    #: the judgement assumed.
     ifname: str | None
+    #: The interface that routes to the master, served or not (for /status and the MTU).
+    route_ifname: str | None = None
 
 
 class Verifier:
@@ -110,7 +113,8 @@ class Verifier:
         results = await asyncio.gather(*(self._verify_peer(doc, doc.members[r]) for r in peers))
         failures = [r for r in (self.peer_reason(res) for res in results) if r is not None]
         master_ip = self._master_address(doc, own)
-        ifname = await self._route_ifname(master_ip)
+        route_ifname = await self._route_ifname(master_ip)
+        ifname = route_ifname if self.settings.emit_ifname is not False else None
         # gloo binds the user's GLOO_SOCKET_IFNAME if set, else the one served here.
         bound = self._user_ifname() or ifname
         self_reason, self_warning = self._judge_own(own, bound)
@@ -118,7 +122,7 @@ class Verifier:
             failures.insert(0, self_reason)
         elif self_warning is not None:
             log.warning("own_name verdict=%s host=%s ifname=%s", own.verdict, own.host, bound)
-        return Checked(failures, self_warning, own, master_ip, ifname)
+        return Checked(failures, self_warning, own, master_ip, ifname, route_ifname)
 
     def derive(self, doc: ClusterDoc, checked: Checked) -> Env | Reason:
         """The env for a checked document, or why it cannot be derived."""
@@ -130,6 +134,7 @@ class Verifier:
             tf_layout=self.settings.tf_layout,
             master_ip=master_ip if self.settings.master_addr_mode == "ip" else None,
             ifname=ifname,
+            nccl_ifname=self.settings.emit_ifname is True,
             user=self.user,
         )
         if self.settings.master_addr_mode == "ip" and master_ip is None:
@@ -166,8 +171,8 @@ class Verifier:
         return user[0] if user is not None else None
 
     async def _route_ifname(self, master_ip: str | None) -> str | None:
-        """With --emit-ifname, the interface that routes to the master; None if off or unknown."""
-        if not self.settings.emit_ifname or master_ip is None:
+        """The interface that routes to the master; None if unknown."""
+        if master_ip is None:
             return None
         return await asyncio.to_thread(netinfo.route_ifname, master_ip)
 
@@ -260,7 +265,7 @@ def judge_own(
         ), None
     if ifname is None:
         return self_loopback_reason(
-            host, loopback, detail=res.detail, emit_ifname=settings.emit_ifname
+            host, loopback, detail=res.detail, emit_ifname=settings.emit_ifname is not False
         ), None
     return None, (
         f"{where}; gloo binds {ifname} (GLOO_SOCKET_IFNAME) instead, but stacks that advertise "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
+from rallypoint.reasons import Reason
 
 #: Largest join or poke body accepted (a join carries at most MAX_ADDRESSES addresses).
 MAX_JOIN_BYTES = 16 * 1024
@@ -76,6 +77,7 @@ def encode_join(request: JoinRequest) -> bytes:
             "addresses": list(member.addresses),
             "tf_port": member.tf_port,
             "jax_port": member.jax_port,
+            "probe_port": member.probe_port,
             "generation_seen": request.generation_seen,
         }
     )
@@ -148,6 +150,7 @@ def encode_cluster_doc(doc: ClusterDoc) -> bytes:
                     "addresses": list(m.addresses),
                     "tf_port": m.tf_port,
                     "jax_port": m.jax_port,
+                    "probe_port": m.probe_port,
                 }
                 for m in doc.members
             ],
@@ -187,6 +190,186 @@ def parse_cluster_doc(body: bytes) -> ClusterDoc:
         master_port=_int(data.get("master_port"), "master_port", 1, 65535),
         members=tuple(members),
     )
+
+
+# -- the cluster-wide verdict ---------------------------------------------------------------
+
+#: Failures one report or verdict carries at most; the rest are counted, not listed.
+MAX_FAILURES = 32
+#: Ranks a verdict lists as still checking at most.
+MAX_PENDING = 64
+#: Largest report or verdict accepted.
+MAX_REPORT_BYTES = 64 * 1024
+_CODE = re.compile(r"[a-z_]{1,40}")
+_WINDOW_KINDS = frozenset({"master", "tf", "probe"})
+
+
+@dataclass(frozen=True, slots=True)
+class NetFacts:
+    """The interface a node routes to the master through, as shown in /status."""
+
+    ifname: str | None = None
+    mtu: int | None = None
+    rdma: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A node's POST /v1/report: its checks of one generation, and the verdict it saw last."""
+
+    session: str
+    generation: str
+    rank: int
+    host: str
+    passed: bool
+    failures: tuple[Reason, ...] = ()
+    #: Window kinds this node could not open because the job already listens there.
+    busy: frozenset[str] = frozenset()
+    net: NetFacts = NetFacts()
+    #: The verdict version the node holds; the master answers when it differs (long-poll).
+    seen: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The master's cluster-wide verdict on one generation."""
+
+    session: str
+    generation: str
+    version: int
+    verified: bool
+    pending: tuple[int, ...] = ()
+    pending_count: int = 0
+    failures: tuple[Reason, ...] = ()
+    failure_count: int = 0
+    warnings: tuple[str, ...] = ()
+
+
+def encode_report(report: Report) -> bytes:
+    """The JSON body of POST /v1/report."""
+    return _dump(
+        {
+            "session": report.session,
+            "generation": report.generation,
+            "rank": report.rank,
+            "host": report.host,
+            "passed": report.passed,
+            "failures": [f.as_json() for f in report.failures[:MAX_FAILURES]],
+            "busy": sorted(report.busy),
+            "net": {"ifname": report.net.ifname, "mtu": report.net.mtu, "rdma": report.net.rdma},
+            "seen": report.seen,
+        }
+    )
+
+
+def parse_report(body: bytes) -> Report:
+    """Validate a report body; PeerMessageError names the field at fault."""
+    data = _load(body, MAX_REPORT_BYTES, "report")
+    busy = data.get("busy", [])
+    if not isinstance(busy, list) or not all(
+        isinstance(b, str) and b in _WINDOW_KINDS for b in busy
+    ):
+        raise PeerMessageError(f"report: busy must list some of {', '.join(sorted(_WINDOW_KINDS))}")
+    net = data.get("net", {})
+    if not isinstance(net, dict):
+        raise PeerMessageError("report: net must be an object")
+    ifname, mtu, rdma = net.get("ifname"), net.get("mtu"), net.get("rdma", False)
+    if ifname is not None and (not isinstance(ifname, str) or not _TOKEN.fullmatch(ifname)):
+        raise PeerMessageError("report: net.ifname must be an interface name")
+    if not isinstance(rdma, bool):
+        raise PeerMessageError("report: net.rdma must be true or false")
+    return Report(
+        session=_session(data.get("session"), "session"),
+        generation=generation(data.get("generation"), "generation"),
+        rank=_int(data.get("rank"), "rank", 0, MAX_NODES - 1),
+        host=host_name(data.get("host"), "host"),
+        passed=_bool(data.get("passed"), "passed"),
+        failures=_failures(data.get("failures", []), "report"),
+        busy=frozenset(busy),
+        net=NetFacts(
+            ifname=ifname, mtu=None if mtu is None else _int(mtu, "net.mtu", 68, 1 << 20), rdma=rdma
+        ),
+        seen=_int(data.get("seen", -1), "seen", -1, 1 << 62),
+    )
+
+
+def encode_verdict(verdict: Verdict) -> bytes:
+    """The JSON body of the master's answer to a report."""
+    return _dump(
+        {
+            "session": verdict.session,
+            "generation": verdict.generation,
+            "version": verdict.version,
+            "verified": verdict.verified,
+            "pending": list(verdict.pending[:MAX_PENDING]),
+            "pending_count": verdict.pending_count,
+            "failures": [f.as_json() for f in verdict.failures[:MAX_FAILURES]],
+            "failure_count": verdict.failure_count,
+            "warnings": list(verdict.warnings[:MAX_FAILURES]),
+        }
+    )
+
+
+def parse_verdict(body: bytes) -> Verdict:
+    """Validate the master's verdict."""
+    data = _load(body, MAX_REPORT_BYTES, "verdict")
+    pending = data.get("pending", [])
+    if not isinstance(pending, list) or len(pending) > MAX_PENDING:
+        raise PeerMessageError(f"verdict: pending must be a list of at most {MAX_PENDING} ranks")
+    warnings = data.get("warnings", [])
+    if (
+        not isinstance(warnings, list)
+        or len(warnings) > MAX_FAILURES
+        or not all(isinstance(w, str) and len(w) <= 1000 for w in warnings)
+    ):
+        raise PeerMessageError("verdict: warnings must be a short list of strings")
+    return Verdict(
+        session=_session(data.get("session"), "session"),
+        generation=generation(data.get("generation"), "generation"),
+        version=_int(data.get("version"), "version", 0, 1 << 62),
+        verified=_bool(data.get("verified"), "verified"),
+        pending=tuple(_int(r, "pending[]", 0, MAX_NODES - 1) for r in pending),
+        pending_count=_int(data.get("pending_count", 0), "pending_count", 0, MAX_NODES),
+        failures=_failures(data.get("failures", []), "verdict"),
+        failure_count=_int(data.get("failure_count", 0), "failure_count", 0, 1 << 62),
+        warnings=tuple(warnings),
+    )
+
+
+def _failures(value: object, where: str) -> tuple[Reason, ...]:
+    if not isinstance(value, list) or len(value) > MAX_FAILURES:
+        raise PeerMessageError(f"{where}: failures must be a list of at most {MAX_FAILURES}")
+    out = []
+    for index, raw in enumerate(value):
+        name = f"{where}: failures[{index}]"
+        if not isinstance(raw, dict):
+            raise PeerMessageError(f"{name} is not an object")
+        code, message = raw.get("code"), raw.get("message")
+        if not isinstance(code, str) or not _CODE.fullmatch(code):
+            raise PeerMessageError(f"{name}.code must be a reason code")
+        if not isinstance(message, str) or not 0 < len(message) <= 1000:
+            raise PeerMessageError(f"{name}.message must be a string of 1-1000 characters")
+        host, detail, ranks = raw.get("host"), raw.get("detail"), raw.get("ranks", [])
+        if detail is not None and (not isinstance(detail, str) or len(detail) > 1000):
+            raise PeerMessageError(f"{name}.detail must be a string of at most 1000 characters")
+        if not isinstance(ranks, list) or len(ranks) > 2:
+            raise PeerMessageError(f"{name}.ranks must list at most two ranks")
+        out.append(
+            Reason(
+                code=code,
+                message=message,
+                host=None if host is None else host_name(host, f"{name}.host"),
+                detail=detail,
+                ranks=tuple(_int(r, f"{name}.ranks[]", 0, MAX_NODES - 1) for r in ranks),
+            )
+        )
+    return tuple(out)
+
+
+def _bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise PeerMessageError(f"{name} must be true or false")
+    return value
 
 
 def generation(value: object, name: str = "after") -> str:
@@ -244,12 +427,16 @@ def _member(data: Mapping[str, object], where: str) -> Member:
     addresses = tuple(address(a, f"{where}: addresses[{i}]") for i, a in enumerate(raw_addresses))
     tf_port = data.get("tf_port")
     jax_port = data.get("jax_port")
+    probe_port = data.get("probe_port")
     return Member(
         rank=_int(data.get("rank"), f"{where}: rank", 0, MAX_NODES - 1),
         host=host_name(data.get("host"), f"{where}: host"),
         addresses=tuple(dict.fromkeys(addresses)),
         tf_port=None if tf_port is None else _int(tf_port, f"{where}: tf_port", 1, 65535),
         jax_port=None if jax_port is None else _int(jax_port, f"{where}: jax_port", 1, 65535),
+        probe_port=None
+        if probe_port is None
+        else _int(probe_port, f"{where}: probe_port", 1, 65535),
     )
 
 

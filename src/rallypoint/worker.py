@@ -66,6 +66,7 @@ class WorkerNode(Protocol):
     """What the join loop reports to and reads from the node it runs for (the Rendezvous)."""
 
     master_problem: Reason | None
+    master_target: tuple[str, int] | None
 
     @property
     def ready(self) -> bool: ...
@@ -126,6 +127,7 @@ class Worker:
         after: str | None = None
         while True:
             target, answer = await self._join(own, after, backoff)
+            self.node.master_target = target
             backoff.reset()
             if epoch is not None and answer.epoch != epoch:
                 log.warning("master_restarted old_epoch=%s new_epoch=%s", epoch, answer.epoch)

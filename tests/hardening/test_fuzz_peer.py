@@ -43,6 +43,7 @@ ALLOWED = {
     ("POST", "/v1/poke"): (204, 400, 401, 409, 413),
     ("GET", "/v1/cluster"): (200, 204, 400, 401, 409),
     ("GET", "/v1/ready"): (200, 401),
+    ("POST", "/v1/report"): (200, 400, 401, 403, 409, 413),
 }
 #: How long the server may take to give up on a client that stopped sending mid-request.
 READ_BOUND_S = server.KEEPALIVE_S + 5.0
@@ -83,6 +84,36 @@ JOIN_FIELDS = st.fixed_dictionaries(
     },
 )
 POKE_FIELDS = st.fixed_dictionaries({}, optional={"session": SESSIONS, "epoch": TOKENS})
+FAILURE = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "code": st.one_of(st.sampled_from(["peer_unreachable", "X", ""]), JSON_ANY),
+            "message": st.one_of(st.text(max_size=60), st.just("m" * 1001), JSON_ANY),
+            "host": HOSTS,
+            "detail": st.one_of(st.none(), st.text(max_size=40), JSON_ANY),
+            "ranks": st.one_of(st.lists(RANKS, max_size=4), JSON_ANY),
+        },
+    ),
+    JSON_ANY,
+)
+REPORT_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "session": SESSIONS,
+        "generation": TOKENS,
+        "rank": RANKS,
+        "host": HOSTS,
+        "passed": st.one_of(st.booleans(), JSON_ANY),
+        "failures": st.one_of(st.lists(FAILURE, max_size=40), JSON_ANY),
+        "busy": st.one_of(st.lists(st.sampled_from(["master", "tf", "x"]), max_size=4), JSON_ANY),
+        "net": st.one_of(
+            st.fixed_dictionaries({}, optional={"ifname": TOKENS, "mtu": PORTS, "rdma": JSON_ANY}),
+            JSON_ANY,
+        ),
+        "seen": st.one_of(st.integers(-5, 5), JSON_ANY),
+    },
+)
 JUNK = st.one_of(
     st.binary(max_size=512),
     st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")),
@@ -137,6 +168,27 @@ def test_join_bodies(waiting_master: Node, logs: Records, body: bytes, content_t
 def test_poke_bodies(ready_node: Node, logs: Records, body: bytes) -> None:
     reply = request(ready_node.peer_port, "POST", "/v1/poke", body=body)
     check_peer(reply, "POST", "/v1/poke", f"poke {body[:120]!r}")
+    assert not logs.crashes()
+
+
+@fuzz(0.5)
+@given(body=st.one_of(REPORT_FIELDS.map(dumps), JUNK))
+@example(body=b"[" * 100_000)
+@example(
+    body=dumps(
+        {
+            "session": SESSION,
+            "generation": "g",
+            "rank": 0,
+            "host": "node0",
+            "passed": True,
+            "failures": [{"code": "a", "message": "m"}] * 33,
+        }
+    )
+)
+def test_report_bodies(ready_node: Node, logs: Records, body: bytes) -> None:
+    reply = request(ready_node.peer_port, "POST", "/v1/report", body=body)
+    check_peer(reply, "POST", "/v1/report", f"report {body[:120]!r}")
     assert not logs.crashes()
 
 

@@ -150,6 +150,8 @@ def test_two_thousand_concurrent_joins_are_all_served(
             allow_loopback=True,
             long_poll_s=5.0,
             deadline_s=120.0,
+            # The herd runs no probe windows: the master tries no connections to it.
+            probe=False,
         )
     )
     try:
@@ -177,6 +179,29 @@ def test_two_thousand_concurrent_joins_are_all_served(
         assert statuses.count(200) == JOINERS, {s: statuses.count(s) for s in set(statuses)}
         answers = [wire.parse_join_answer(payload) for _, payload in results]
         assert max(a.joined for a in answers) == JOINERS + 1
+        generation = next(a.generation for a in answers if a.joined == JOINERS + 1)
+        assert generation is not None
+        # Then the herd reports its checks at once: the verdict waits for every node.
+        reports = [
+            wire.encode_report(wire.Report(SESSION, generation, r, hosts[r], passed=True))
+            for r in range(1, JOINERS + 1)
+        ]
+
+        async def report_all() -> list[int]:
+            url = f"http://127.0.0.1:{node.peer_port}/v1/report"
+            timeout = aiohttp.ClientTimeout(total=90)
+            connector = aiohttp.TCPConnector(limit=0, force_close=True)
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as client:
+
+                async def one(body: bytes) -> int:
+                    async with client.post(url, data=body) as resp:
+                        await resp.read()
+                        return resp.status
+
+                return await asyncio.gather(*(one(b) for b in reports))
+
+        statuses = asyncio.run(report_all())
+        assert statuses.count(200) == JOINERS, {s: statuses.count(s) for s in set(statuses)}
         sidecar = node.sidecar
         assert loop_thread.run(sidecar.node.wait_ready(60), 90), sidecar.node.reasons()
         doc = sidecar.node.doc

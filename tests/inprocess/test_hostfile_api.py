@@ -8,14 +8,14 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from rallypoint import ports, server
+from rallypoint import ports, server, wire
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.settings import Settings
 from tests.fakes import FakeResolver
-from tests.inprocess.test_server import Client, checked, join_body, make_node
+from tests.inprocess.test_server import SESSION, Client, checked, join_body, make_node
 
 __all__ = ["make_node"]  # the fixture, imported for this module's tests
 
@@ -37,7 +37,13 @@ async def test_hostfile_lists_every_node_in_rank_order_once_ready(
     waiting = asyncio.ensure_future(local.get("/hostfile", params={"wait": "60"}))
     await asyncio.sleep(0.05)
     assert not waiting.done()
-    assert (await peer.post("/v1/join", data=join_body())).status == 200
+    join = await peer.post("/v1/join", data=join_body())
+    assert join.status == 200
+    answer = wire.parse_join_answer(await checked(join, "POST", "/v1/join"))
+    assert answer.generation is not None
+    # Ready needs the worker's report of its checks (the cluster-wide verdict).
+    report = wire.Report(SESSION, answer.generation, 1, "node1", passed=True)
+    assert (await peer.post("/v1/report", data=wire.encode_report(report))).status == 200
     resp = await waiting
     assert resp.status == 200
     text = (await checked(resp, "GET", "/hostfile")).decode()
@@ -47,7 +53,11 @@ async def test_hostfile_lists_every_node_in_rank_order_once_ready(
 
 async def test_a_word_for_the_process_count_gives_no_hostfile(aiohttp_client: Client) -> None:
     settings = Settings(
-        mdns=False, deadline_s=20.0, resolve_timeout_s=1.0, frameworks=frozenset({"torch"})
+        mdns=False,
+        deadline_s=20.0,
+        resolve_timeout_s=1.0,
+        frameworks=frozenset({"torch"}),
+        probe=False,  # the API is under test here, not the connection probes
     )
     spec = ClusterSpec("explicit", ("node0",), 0, 1, "sess-hostfile", loopback_ok=True)
     with ports.reserve([], settings.port_range) as master:

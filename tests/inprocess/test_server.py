@@ -71,6 +71,8 @@ async def make_node() -> AsyncIterator[Callable[..., Awaitable[Rendezvous]]]:
             "backoff_max_s": 0.1,
             "resolve_timeout_s": 1.0,
             "mdns": False,
+            # The API is under test here; probes have their own tests (test_connectivity).
+            "probe": False,
         }
         values.update(changes)
         settings = Settings(token=token, **values)
@@ -149,6 +151,13 @@ async def test_env_not_ready_then_wait_until_a_join(
     assert join.status == 200
     answer = wire.parse_join_answer(await checked(join, "POST", "/v1/join"))
     assert answer.joined == 2 and answer.epoch == node.epoch
+    assert answer.generation is not None
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # joined is not verified: the worker has not reported yet
+    report = wire.Report(SESSION, answer.generation, 1, "node1", passed=True)
+    resp = await peer.post("/v1/report", data=wire.encode_report(report))
+    verdict = wire.parse_verdict(await checked(resp, "POST", "/v1/report"))
+    assert verdict.generation == answer.generation
     resp = await waiting
     assert resp.status == 200
     env = json.loads(await checked(resp, "GET", "/env"))
@@ -239,6 +248,14 @@ async def test_peer_ready_cluster_and_poke(
         ("GET", "/v1/cluster", None, {"after": "no spaces"}, 400),
         ("POST", "/v1/poke", wire.encode_poke(wire.Poke("other", "abc")), None, 409),
         ("POST", "/v1/poke", b'{"session": 1}', None, 400),
+        ("POST", "/v1/report", b'{"session": "sess-api"}', None, 400),
+        (
+            "POST",
+            "/v1/report",
+            wire.encode_report(wire.Report(SESSION, "gen.1", 1, "node1", passed=True)),
+            None,
+            409,
+        ),
     ],
     ids=[
         "join-json",
@@ -249,6 +266,8 @@ async def test_peer_ready_cluster_and_poke(
         "after",
         "poke-session",
         "poke-shape",
+        "report-shape",
+        "report-stale",
     ],
 )
 async def test_peer_rejections(

@@ -96,6 +96,8 @@ class Nodes:
             spec=spec or providers.detect(environ),
             addresses=[address(host)],
             endpoint=self.endpoint,
+            # Probes keep their port but go to loopback, where every node holds its own.
+            route=lambda _host, _address, port: ("127.0.0.1", port),
         )
         self.sidecars[host] = await self.stack.enter_async_context(sidecar)
         return sidecar

@@ -61,6 +61,7 @@ def make_cluster(
         env: Mapping[str, str] | None = None,
         family: str = "ipv4",
         environ_for: Callable[[harness.Cluster, harness.Node], Mapping[str, str]] | None = None,
+        subnet: str = harness.SUBNET,
     ) -> harness.Cluster:
         extra = {"RALLYPOINT_TOKEN": TOKEN, **(env or {})}
         cluster = harness.Cluster(
@@ -70,6 +71,7 @@ def make_cluster(
             sidecar_env=extra,
             family=family,
             environ_for=environ_for,
+            subnet=subnet,
         )
         made.append(cluster)
         cluster.up()

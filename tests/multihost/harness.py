@@ -337,6 +337,17 @@ class Node:
 
     # links ----------------------------------------------------------------------------------
 
+    def inside(self, argv: Sequence[str]) -> None:
+        """Run an administrative command (ip, iptables) inside this node's namespace."""
+        _sh(["ip", "netns", "exec", self.ns, *argv])
+
+    def blackhole(self, address: str) -> None:
+        """Drop everything this node sends to address (a route into nowhere)."""
+        self.inside(["ip", "route", "add", "blackhole", f"{address}/32"])
+
+    def unblackhole(self, address: str) -> None:
+        self.inside(["ip", "route", "del", "blackhole", f"{address}/32"])
+
     def link_down(self) -> None:
         """Cut this node off the bridge (its interface stays up, frames go nowhere)."""
         _sh(["ip", "link", "set", self.veth, "down"])
@@ -599,6 +610,7 @@ class Cluster:
         sidecar_env: Mapping[str, str] | None = None,
         environ_for: Callable[[Cluster, Node], Mapping[str, str]] | None = None,
         family: str = "ipv4",
+        subnet: str = SUBNET,
     ) -> None:
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
@@ -622,7 +634,7 @@ class Cluster:
         self.family = family
         self.nodes: dict[str, Node] = {}
         for index, name in enumerate(hosts):
-            v4 = f"{SUBNET}.{index + 10}"
+            v4 = f"{subnet}.{index + 10}"
             v6 = f"{SUBNET6}:{index + 10}"
             self.nodes[name] = Node(
                 cluster=self,

@@ -71,10 +71,10 @@ def test_master_name_on_loopback_at_a_worker_is_fatal_there(cluster: harness.Clu
 @pytest.mark.parametrize(
     ("args", "code"),
     [
-        ((), "self_loopback"),
+        (("--no-emit-ifname",), "self_loopback"),
         (("--emit-ifname", "--strict-self"), "strict_self"),
     ],
-    ids=["default", "strict-self-with-emit-ifname"],
+    ids=["no-emit-ifname", "strict-self-with-emit-ifname"],
 )
 def test_own_name_on_loopback_is_fatal_without_a_pinned_interface(
     cluster: harness.Cluster, node: str, args: tuple[str, ...], code: str
@@ -87,17 +87,21 @@ def test_own_name_on_loopback_is_fatal_without_a_pinned_interface(
     _not_ready_naming(cluster[node], code, node, "127.0.1.1")
     _hold_not_ready(cluster[node], FAULT_S)
     assert cluster[node].env() is None
+    # The cluster-wide verdict: no other node serves an env while this one cannot.
     for other in cluster:
         if other.name != node:
-            other.wait_ready(READY_S)
+            _not_ready_naming(other, code, node, "127.0.1.1")
+    cluster[node].unpin()
+    cluster.wait_all_ready(READY_S)
 
 
 @pytest.mark.parametrize("node", ["sub1", "main1"])
-def test_own_name_on_loopback_with_emit_ifname_is_a_warning(
-    cluster: harness.Cluster, node: str
+@pytest.mark.parametrize("args", [(), ("--emit-ifname",)], ids=["default", "emit-ifname"])
+def test_own_name_on_loopback_with_a_served_ifname_is_a_warning(
+    cluster: harness.Cluster, node: str, args: tuple[str, ...]
 ) -> None:
     cluster[node].pin(node, "127.0.1.1")
-    cluster.start_all(["--emit-ifname"])
+    cluster.start_all(args)
 
     served = cluster.wait_all_ready(READY_S)
     warnings = " ".join(cluster[node].status()["warnings"])

@@ -122,8 +122,14 @@ def test_full_contract_online_one_process_per_node() -> None:
         ({}, "GLOO_SOCKET_IFNAME", None),
         ({}, "NCCL_SOCKET_IFNAME", None),
         ({"ifname": "eth1"}, "GLOO_SOCKET_IFNAME", "eth1"),
-        ({"ifname": "eth1"}, "NCCL_SOCKET_IFNAME", "eth1"),
-        ({"ifname": "eth1", "frameworks": frozenset({"tf"})}, "NCCL_SOCKET_IFNAME", "eth1"),
+        # NCCL picks its own interface (and prefers InfiniBand): served only when asked.
+        ({"ifname": "eth1"}, "NCCL_SOCKET_IFNAME", None),
+        ({"ifname": "eth1", "nccl_ifname": True}, "NCCL_SOCKET_IFNAME", "eth1"),
+        (
+            {"ifname": "eth1", "nccl_ifname": True, "frameworks": frozenset({"tf"})},
+            "NCCL_SOCKET_IFNAME",
+            "eth1",
+        ),
         ({"ifname": "eth1", "frameworks": frozenset({"tf"})}, "GLOO_SOCKET_IFNAME", None),
     ],
 )
@@ -133,7 +139,7 @@ def test_each_variable(options: dict[str, Any], key: str, expected: str | None) 
 
 def test_served_keys_follow_frameworks() -> None:
     for frameworks in (frozenset({"torch"}), frozenset({"tf"}), frozenset()):
-        result = env(frameworks=frameworks, ifname="eth0")
+        result = env(frameworks=frameworks, ifname="eth0", nccl_ifname=True)
         for key, _ in result.values:
             owner = FRAMEWORK_OF[key]
             assert owner is None or owner in frameworks

@@ -90,6 +90,10 @@ def test_session_without_a_job_id_is_shared() -> None:
         ({"SLURM_NODEID": "4"}, ["SLURM_NODEID='4'", "from 0 to 3"]),
         ({"SLURM_NODEID": "1"}, ["SLURM_NODEID=1", "'gnode20'", "SLURMD_NODENAME='gnode10'"]),
         ({"SLURM_NODEID": "", "SLURMD_NODENAME": "gnode99"}, ["SLURMD_NODENAME='gnode99'"]),
+        # Measured in a real step: the name is checked even when SLURM_NODEID is set.
+        ({"SLURMD_NODENAME": "login1"}, ["SLURMD_NODENAME='login1'", "is not in"]),
+        # `srun --nodes=2` in a 4-node job: SLURM_NNODES is the step's, the list the job's.
+        ({"SLURM_NNODES": "2"}, ["SLURM_NNODES=2", "4 node(s)", "part of the job's nodes"]),
         ({"SLURM_NODEID": "", "SLURMD_NODENAME": ""}, ["cannot tell which node", "SLURM_NODEID"]),
         ({"SLURM_JOB_ID": "12 34"}, ["SLURM_JOB_ID='12 34'"]),
     ],

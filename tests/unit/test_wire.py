@@ -146,6 +146,16 @@ json_values = st.recursive(
                     "members",
                     "master_host",
                     "master_port",
+                    "probe_port",
+                    "passed",
+                    "failures",
+                    "busy",
+                    "net",
+                    "seen",
+                    "version",
+                    "verified",
+                    "pending",
+                    "warnings",
                 ]
             ),
             json_values,
@@ -153,7 +163,14 @@ json_values = st.recursive(
     )
 )
 def test_parsers_never_crash(body: bytes) -> None:
-    for parse in (wire.parse_join, wire.parse_join_answer, wire.parse_poke, wire.parse_cluster_doc):
+    for parse in (
+        wire.parse_join,
+        wire.parse_join_answer,
+        wire.parse_poke,
+        wire.parse_cluster_doc,
+        wire.parse_report,
+        wire.parse_verdict,
+    ):
         with contextlib.suppress(PeerMessageError):
             parse(body)
 

@@ -8,6 +8,7 @@ from rallypoint.errors import ClusterSpecError
 from rallypoint.model import ClusterSpec
 from rallypoint.providers import hostlist
 from rallypoint.providers._common import (
+    MAX_NODES,
     build,
     check_nnodes,
     choose_session,
@@ -38,21 +39,34 @@ def read(environ: Mapping[str, str]) -> ClusterSpec:
     """Nodes of the job allocation in SLURM_JOB_NODELIST order; the first is the master.
 
     This node is SLURM_NODEID (the node's index in the allocation), else SLURMD_NODENAME
-    or HOSTNAME looked up in the list; when both SLURM_NODEID and SLURMD_NODENAME are set
-    they must agree, which catches a step that runs on only part of the allocation.
+    or HOSTNAME looked up in the list. SLURMD_NODENAME must be in the list and agree with
+    SLURM_NODEID, and SLURM_NNODES with the list's length: srun sets both for the step, so
+    this catches a step that runs on only part of the allocation.
     """
     expression = get(environ, NODELIST) or ""
     hosts = [host_name(NODELIST, host) for host in hostlist.expand(expression, variable=NODELIST)]
     unique(NODELIST, hosts)
+    declared = get_int(environ, NNODES, minimum=1, maximum=MAX_NODES)
+    if declared is not None and declared < len(hosts):
+        # srun sets SLURM_NNODES (and SLURM_NODEID) for the step, SLURM_JOB_NODELIST for
+        # the job: fewer means a step on part of the allocation, whose ranks would not
+        # match the job's list and whose missing nodes would never join.
+        raise ClusterSpecError(
+            f"{NNODES}={declared} but {NODELIST}={show(expression)} names {len(hosts)} node(s):"
+            " this step runs on part of the job's nodes; run it on all of them, or give it"
+            " its own host list (RALLYPOINT_HOSTS, RALLYPOINT_NODE_RANK; docs/deploy/slurm.md)"
+        )
     check_nnodes(environ, NNODES, len(hosts), NODELIST)
 
     node_id = get_int(environ, NODEID, minimum=0, maximum=len(hosts) - 1)
     nodename = get(environ, NODENAME)
     named = None if nodename is None else find_host(hosts, nodename)
-    if nodename is not None and named is None and node_id is None:
+    if nodename is not None and named is None:
+        # slurmd sets both from the same allocation: a name outside the list means the
+        # environment belongs to another job (carried into a container or a nested shell).
         raise ClusterSpecError(
             f"{NODENAME}={show(nodename)} is not in {NODELIST}={show(expression)}; run the"
-            f" sidecar on the job's nodes or set {NODEID}"
+            " sidecar in a step of this job (srun), with the environment Slurm gives it"
         )
     if node_id is not None and named is not None and node_id != named:
         raise ClusterSpecError(

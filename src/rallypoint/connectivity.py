@@ -1,0 +1,223 @@
+"""Connectivity checks: try every connection the job will make before the node turns ready.
+
+What is tried, for one cluster document (docs/readiness.md, "Connections"):
+
+* every worker reaches the master port at the address the master's name resolves to on
+  that worker, and the master's sidecar answers there (a window on the held port);
+* every node reaches each peer in its scope on that peer's probe port, held in the
+  ephemeral range where gloo and NCCL listen, so a firewall that opens only the peer API
+  port fails the check as it would fail the job;
+* with TF_CONFIG served, every node reaches each peer's TF worker port the same way.
+
+Probes run concurrently (at most ``probe_workers`` at once), each bounded by
+``probe_timeout_s``; failing ones are retried with capped, jittered backoff until they pass,
+so a fault repaired while the cluster waits turns it ready without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from rallypoint import probe, resolve
+from rallypoint.auth import Authenticator
+from rallypoint.errors import PortError
+from rallypoint.metrics import Metrics
+from rallypoint.model import ClusterDoc, ClusterSpec
+from rallypoint.ports import HeldPort
+from rallypoint.reasons import Reason, unreachable_reason
+from rallypoint.settings import Settings
+
+log = logging.getLogger("rallypoint.rendezvous")
+
+#: Window kinds, by the name of the held port they open on.
+WINDOW_KINDS = ("master", "tf", "probe")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One connection to try: a peer's port of one kind at the address its name gave here."""
+
+    kind: str  # "master", "tf" or "probe"
+    rank: int
+    host: str
+    address: str
+    port: int
+
+
+def plan(
+    spec: ClusterSpec,
+    doc: ClusterDoc,
+    ranks: Sequence[int],
+    addresses: Mapping[int, str],
+    *,
+    tf: bool,
+) -> list[Target]:
+    """The connections this node tries for ``doc``: peers in ``ranks`` with a known address."""
+    targets: list[Target] = []
+    for rank in ranks:
+        if rank == spec.rank or rank not in addresses:
+            continue
+        member, address = doc.members[rank], addresses[rank]
+        if rank == 0:
+            targets.append(Target("master", 0, member.host, address, doc.master_port))
+        if member.probe_port is not None:
+            targets.append(Target("probe", rank, member.host, address, member.probe_port))
+        if tf and member.tf_port is not None:
+            targets.append(Target("tf", rank, member.host, address, member.tf_port))
+    return targets
+
+
+def pick_address(resolved: Sequence[str], reported: Sequence[str]) -> str | None:
+    """The address a peer's name gives here that the peer also reported, in resolver order.
+
+    gloo, torch's TCPStore and TF's gRPC take the resolver's answers in order, so the first
+    one that belongs to the peer is where the job's connection goes.
+    """
+    for address in resolved:
+        if address in reported:
+            return address
+    return resolved[0] if resolved else None
+
+
+class Windows:
+    """Listening windows on this node's held ports, all answered by one probe listener.
+
+    A window that cannot open because something already listens on the port (the job's
+    own TCPStore or TF server, after a generation change) is *busy*: peers then see a
+    foreign answer there, which the master excuses for that port (masterbook._excused).
+    """
+
+    def __init__(self, held: Mapping[str, HeldPort], listener: probe.ProbeListener) -> None:
+        self.held = held
+        self.listener = listener
+        self.busy: frozenset[str] = frozenset()
+        self.state: dict[str, str] = {kind: "closed" for kind in held if kind in WINDOW_KINDS}
+        self._open = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    async def open(self) -> None:
+        """Open every window that is not open yet; idempotent."""
+        if self._open:
+            return
+        self._open = True
+        busy = set()
+        for kind, held in self.held.items():
+            if kind not in WINDOW_KINDS:
+                continue
+            try:
+                sockets = held.listen()
+            except PortError as exc:
+                log.info("window_busy kind=%s port=%d error=%s", kind, held.port, exc)
+                busy.add(kind)
+                self.state[kind] = "busy"
+                continue
+            await self.listener.serve(sockets)
+            self.state[kind] = "open"
+        self.busy = frozenset(busy)
+
+    async def close(self) -> None:
+        """Close every window (the holds stay); idempotent."""
+        if not self._open:
+            return
+        self._open = False
+        await self.listener.close()
+        self.state = dict.fromkeys(self.state, "closed")
+        self.busy = frozenset()
+
+
+class Prober:
+    """Runs one document's targets until all pass, reporting the failing set as it changes."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        settings: Settings,
+        *,
+        auth: Authenticator,
+        metrics: Metrics,
+        route: probe.ProbeRoute,
+        rng: random.Random,
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.auth = auth
+        self.metrics = metrics
+        self.route = route
+        self._rng = rng
+        self._slots = asyncio.Semaphore(settings.probe_workers)
+
+    async def run(
+        self, targets: Sequence[Target], on_change: Callable[[list[Reason]], None]
+    ) -> None:
+        """Probe every target; retry the failing ones until none fails (or cancelled)."""
+        failing = await self._round(targets)
+        on_change(list(failing.values()))
+        delay = self.settings.backoff_initial_s
+        while failing:
+            await asyncio.sleep(self._rng.uniform(delay / 2, delay))
+            delay = min(self.settings.backoff_max_s, delay * 2)
+            retried = await self._round(list(failing))
+            if retried != failing:
+                on_change(list(retried.values()))
+            failing = retried
+
+    async def _round(self, targets: Sequence[Target]) -> dict[Target, Reason]:
+        outcomes = await asyncio.gather(*(self._one(t) for t in targets))
+        return {
+            t: unreachable_reason(
+                (self.spec.rank, self.spec.host),
+                (t.rank, t.host, t.address),
+                t.kind,
+                t.port,
+                outcome.cause,
+                outcome.detail,
+            )
+            for t, outcome in zip(targets, outcomes, strict=True)
+            if not outcome.ok
+        }
+
+    async def _one(self, target: Target) -> probe.Outcome:
+        address, port = self.route(target.host, target.address, target.port)
+        async with self._slots:
+            outcome = await probe.probe(
+                address,
+                port,
+                session=self.spec.session,
+                auth=self.auth,
+                rank=target.rank,
+                host=target.host,
+                timeout_s=self.settings.probe_timeout_s,
+            )
+        self.metrics.probes_sent.labels(target.kind, outcome.cause).inc()
+        if not outcome.ok:
+            log.debug(
+                "probe_failed kind=%s host=%s address=%s port=%d cause=%s",
+                target.kind,
+                target.host,
+                target.address,
+                target.port,
+                outcome.cause,
+            )
+        return outcome
+
+
+def verified_addresses(
+    doc: ClusterDoc, ranks: Sequence[int], resolutions: Mapping[int, resolve.Resolution | None]
+) -> dict[int, str]:
+    """rank -> the address to probe, for the ranks whose names were checked here."""
+    out: dict[int, str] = {}
+    for rank in ranks:
+        res = resolutions.get(rank)
+        if res is None:
+            continue
+        address = pick_address(res.addresses, doc.members[rank].addresses)
+        if address is not None:
+            out[rank] = address
+    return out

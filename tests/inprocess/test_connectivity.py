@@ -1,0 +1,325 @@
+"""Connection checks in one event loop: probes, windows on held ports, the cluster-wide verdict.
+
+Probes are steered by the route seam: a pair can be sent to a silent listener (a drop),
+a closed port (a reject) or a stranger that answers garbage, while every other probe goes
+to loopback where each node holds its own ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import pytest
+
+from rallypoint import ports, probe
+from rallypoint.auth import Authenticator
+from rallypoint.metrics import Metrics
+from tests.conftest import require
+from tests.inprocess.test_ports import TCPSTORE_SCRIPT, torch_available
+from tests.inprocess.test_rendezvous import Cluster, all_ready, codes, until
+
+
+class Steered(Cluster):
+    """A Cluster whose probes from one rank to one host can be redirected."""
+
+    def __init__(self, n: int, **kwargs: object) -> None:
+        super().__init__(n, **kwargs)  # type: ignore[arg-type]
+        #: (source rank, target host, kind or None for every port) -> (address, port)
+        self.detours: dict[tuple[int, str], tuple[str, int]] = {}
+
+    def route_for(self, rank: int) -> probe.ProbeRoute:
+        def route(host: str, _address: str, port: int) -> tuple[str, int]:
+            return self.detours.get((rank, host), ("127.0.0.1", port))
+
+        return route
+
+
+async def start_steered(c: Steered) -> None:
+    for rank in range(c.n):
+        c.route = c.route_for(rank)  # type: ignore[method-assign]
+        await c.start(rank)
+
+
+@pytest.fixture
+def silent() -> Iterator[tuple[str, int]]:
+    """A port whose handshakes never complete, like a firewall that drops: a listener with
+    a full accept queue (Linux then drops further SYNs)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = int(listener.getsockname()[1])
+    filler = socket.create_connection(("127.0.0.1", port))
+    yield "127.0.0.1", port
+    filler.close()
+    listener.close()
+
+
+@pytest.fixture
+async def mute() -> AsyncIterator[tuple[str, int]]:
+    """A listener that accepts and never answers: something else listens there."""
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    yield "127.0.0.1", server.sockets[0].getsockname()[1]
+    server.close()
+
+
+@pytest.fixture
+async def stranger() -> AsyncIterator[tuple[str, int]]:
+    """A listener that answers every connection with an HTTP error, like another service."""
+
+    async def answer(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    yield "127.0.0.1", server.sockets[0].getsockname()[1]
+    server.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+FAST = {"probe_timeout_s": 0.3}
+
+
+def reasons_of(c: Cluster, code: str) -> dict[int, list[str]]:
+    return {
+        rank: [r.message for r in s.node.reasons() if r.code == code] for rank, s in c.nodes.items()
+    }
+
+
+async def test_a_clean_cluster_probes_every_pair_and_closes_its_windows() -> None:
+    c = Steered(3, per_node={rank: dict(FAST) for rank in range(3)})
+    try:
+        await start_steered(c)
+        await all_ready(c)
+        for rank, sidecar in c.nodes.items():
+            node = sidecar.node
+            sent = node.metrics.value("rallypoint_probes_sent_total", kind="probe", cause="ok")
+            assert sent >= 2, (rank, sent)  # both peers' probe ports
+            tf = node.metrics.value("rallypoint_probes_sent_total", kind="tf", cause="ok")
+            assert tf >= 2
+            master = node.metrics.value("rallypoint_probes_sent_total", kind="master", cause="ok")
+            assert (master >= 1) == (rank != 0)
+            assert node.windows is not None
+            assert set(node.windows.state.values()) == {"closed"}
+            checks = node.status()["checks"]
+            assert checks["verdict"]["verified"] is True
+        # The master's view lists every node's report.
+        cluster_view = c.nodes[0].node.status()["cluster"]
+        assert [n["rank"] for n in cluster_view] == [0, 1, 2]
+        assert all(n["passed"] for n in cluster_view)
+    finally:
+        await c.close()
+
+
+@pytest.mark.parametrize(
+    ("detour", "cause"),
+    [
+        ("silent", "timeout"),
+        ("closed", "refused"),
+        ("stranger", "foreign_answer"),
+        ("mute", "foreign_answer"),
+    ],
+)
+async def test_a_cut_pair_keeps_every_node_not_ready_until_repaired(
+    detour: str,
+    cause: str,
+    silent: tuple[str, int],
+    stranger: tuple[str, int],
+    mute: tuple[str, int],
+) -> None:
+    where = {
+        "silent": silent,
+        "closed": ("127.0.0.1", closed_port()),
+        "stranger": stranger,
+        "mute": mute,
+    }
+    c = Steered(3, per_node={rank: dict(FAST) for rank in range(3)})
+    c.detours[(1, "node2")] = where[detour]
+    try:
+        await start_steered(c)
+        # Every node names the pair: node1 -> node2, whichever node is asked.
+        await until(lambda: all("peer_unreachable" in codes(s) for s in c.nodes.values()))
+        for rank, sidecar in c.nodes.items():
+            node = sidecar.node
+            assert not node.ready
+            reason = next(r for r in node.reasons() if r.code == "peer_unreachable")
+            assert reason.message.startswith("node1 cannot reach node2 (198.51.100.12) on tcp/")
+            assert reason.detail == cause and reason.ranks == (1, 2) and reason.host == "node2"
+            async with aiohttp.ClientSession() as http, http.get(c.local_url(rank, "/readyz")) as r:
+                assert r.status == 503
+        # The fault is repaired while the cluster waits: ready without a restart.
+        del c.detours[(1, "node2")]
+        await all_ready(c)
+    finally:
+        await c.close()
+
+
+async def test_the_master_port_answered_by_a_stranger_is_not_ready(
+    stranger: tuple[str, int],
+) -> None:
+    c = Steered(2, per_node={rank: dict(FAST) for rank in range(2)})
+    try:
+        await c.start(0)
+        master_port = c.nodes[0].node.held["master"].port
+        # Only node1's probe of the master *port* goes to the stranger.
+        original = c.route_for(1)
+
+        def route(host: str, address: str, port: int) -> tuple[str, int]:
+            return stranger if port == master_port else original(host, address, port)
+
+        c.route = route  # type: ignore[method-assign]
+        await c.start(1)
+        await until(lambda: "master_port_unreachable" in codes(c.nodes[0]))
+        reason = next(r for r in c.nodes[0].node.reasons() if r.code == "master_port_unreachable")
+        assert f"tcp/{master_port}" in reason.message and reason.detail == "foreign_answer"
+        assert "not a probe answer" in reason.message
+    finally:
+        await c.close()
+
+
+async def test_probes_off_turns_ready_on_names_alone(silent: tuple[str, int]) -> None:
+    c = Steered(2, per_node={rank: {"probe": False} for rank in range(2)})
+    c.detours[(1, "node0")] = silent
+    try:
+        await start_steered(c)
+        await all_ready(c)
+        assert "probe" not in c.nodes[1].node.held
+        assert c.nodes[1].node.status()["checks"]["enabled"] is False
+    finally:
+        await c.close()
+
+
+async def test_a_busy_master_window_is_excused_when_the_job_already_listens() -> None:
+    """After a generation change the job's own listener may hold the master port: a peer's
+    probe then meets it (foreign answer), which the master excuses for that port only."""
+    c = Steered(2, per_node={rank: dict(FAST) for rank in range(2)})
+    job: asyncio.Server | None = None
+    try:
+        await start_steered(c)
+        await all_ready(c)
+        held = c.nodes[0].node.held["master"]
+
+        async def hang_up(_r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.close()  # a store that does not understand the probe hangs up
+
+        job = await asyncio.start_server(hang_up, "0.0.0.0", held.port, reuse_address=True)
+        old = c.nodes[1].node.generation
+        # node1 restarts with new facts (a new probe port): a new generation for everyone.
+        await c.stop(1)
+        c.route = c.route_for(1)  # type: ignore[method-assign]
+        await c.start(1)
+        await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
+        await all_ready(c)
+        windows = c.nodes[0].node.windows
+        assert windows is not None
+        report = c.nodes[0].node.book.reports[0] if c.nodes[0].node.book else None
+        assert report is not None and "master" in report.busy
+    finally:
+        if job is not None:
+            job.close()
+        await c.close()
+
+
+@pytest.mark.torch
+async def test_tcpstore_binds_the_master_port_after_the_window() -> None:
+    """The sequence the job depends on: window open, probed, closed, then a real TCPStore."""
+    require(torch_available(), "torch is not installed (pip install 'rallypoint[torch]')")
+    c = Steered(2, per_node={rank: dict(FAST) for rank in range(2)})
+    try:
+        await start_steered(c)
+        await all_ready(c)
+        node = c.nodes[0].node
+        assert node.metrics.value("rallypoint_probes_answered_total", result="answered") >= 1
+        port = node.held["master"].port
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", TCPSTORE_SCRIPT, str(port), "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == "ok"
+        assert node.held["master"].held  # the hold stays through it all
+    finally:
+        await c.close()
+
+
+async def _probe_once(port: int, auth: Authenticator, rank: int, host: str) -> probe.Outcome:
+    return await probe.probe(
+        "127.0.0.1", port, session="s", auth=auth, rank=rank, host=host, timeout_s=1.0
+    )
+
+
+@pytest.fixture
+async def window() -> AsyncIterator[tuple[ports.HeldPort, probe.ProbeListener, Metrics]]:
+    held = ports.reserve_ephemeral()
+    metrics = Metrics()
+    listener = probe.ProbeListener(
+        session="s", rank=1, host="node1", auth=Authenticator("tok"), metrics=metrics
+    )
+    await listener.serve(held.listen())
+    yield held, listener, metrics
+    await listener.close()
+    held.close()
+
+
+async def test_a_probe_answer_needs_the_token_and_names_the_node(
+    window: tuple[ports.HeldPort, probe.ProbeListener, Metrics],
+) -> None:
+    held, _, _ = window
+    assert (await _probe_once(held.port, Authenticator("tok"), 1, "node1")).ok
+    wrong_token = await _probe_once(held.port, Authenticator("other"), 1, "node1")
+    assert wrong_token.cause == "foreign_answer" and "token" in wrong_token.detail
+    other_node = await _probe_once(held.port, Authenticator("tok"), 2, "node2")
+    assert other_node.cause == "wrong_peer" and "node1 (rank 1)" in other_node.detail
+
+
+@pytest.mark.parametrize(
+    "send",
+    [b"GET / HTTP/1.1\r\n\r\n", b"RPPROBE/1 nothex\n", b"x" * 5000, b"", b"RPPROBE/1 "],
+    ids=["http", "bad-nonce", "long-line", "silent", "half"],
+)
+async def test_the_window_survives_strangers(
+    window: tuple[ports.HeldPort, probe.ProbeListener, Metrics], send: bytes
+) -> None:
+    held, _, metrics = window
+    # A burst of strangers at once, each sending junk or nothing and hanging on.
+    writers = []
+    for _ in range(50):
+        _reader, writer = await asyncio.open_connection("127.0.0.1", held.port)
+        writer.write(send)
+        writers.append(writer)
+    await asyncio.gather(*(w.drain() for w in writers), return_exceptions=True)
+    # A real probe still gets its answer meanwhile.
+    assert (await _probe_once(held.port, Authenticator("tok"), 1, "node1")).ok
+    for writer in writers:
+        writer.close()
+    await until(
+        lambda: (
+            metrics.value("rallypoint_probes_answered_total", result="garbage")
+            + metrics.value("rallypoint_probes_answered_total", result="silent")
+            + metrics.value("rallypoint_probes_answered_total", result="broken")
+            >= 50
+        ),
+        timeout_s=10,
+    )
+    assert held.held
+
+
+async def test_a_probe_that_hangs_is_bounded(silent: tuple[str, int]) -> None:
+    outcome = await probe.probe(
+        *silent, session="s", auth=Authenticator(None), rank=0, host="n", timeout_s=0.2
+    )
+    assert outcome.cause == "timeout" and "0.2 s" in outcome.detail

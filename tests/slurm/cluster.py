@@ -1,0 +1,725 @@
+"""A real Slurm cluster on one machine: slurmctld and slurmd in network namespaces.
+
+Importable without pytest. Needs root, ``ip`` (iproute2), ``unshare`` and Debian's Slurm
+packages (``slurmctld``, ``slurmd``, ``slurm-client``, ``munge``; scripts/setup-system.sh
+installs them); ``iptables`` when the host filters bridged frames (Docker hosts do).
+
+Layout: a private bridge, and one namespace per host on it with an address in
+``10.214.0.0/24`` that is never routed anywhere: the controller ``head`` (slurmctld; jobs
+are submitted from there, as from a login node) and the compute nodes ``gpu07``,
+``gpu08``, ``gpu09`` (one slurmd each). Every namespace has its own ``/etc/hosts``
+(``/etc/netns/NS/hosts``, which ``ip netns exec`` bind-mounts), a resolver that answers
+nothing, and its own host name (a UTS namespace), so the tasks of a job see what they
+would see on a real cluster: ``SLURMD_NODENAME``, ``hostname`` and the hosts file agree.
+
+All hosts share this machine's filesystem, so a job runs the same Python environment as
+the tests. One ``munged`` with its own key and socket serves every namespace: its socket
+is a file. Slurm's own files (slurm.conf, state, spool, logs, pid files) live in the
+cluster's work directory, so a fresh cluster starts from empty state and never touches a
+Slurm installed on the machine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+SUBNET = "10.214.0"
+PREFIX_LEN = 24
+CONTROLLER = "head"
+#: Compute nodes, in Slurm's order; ``gpu[07-09]`` is what SLURM_JOB_NODELIST shows.
+NODES = ("gpu07", "gpu08", "gpu09")
+NODELIST = "gpu[07-09]"
+PARTITION = "gpu"
+IFNAME = "eth0"
+NETNS_DIR = Path("/run/netns")
+ETC_NETNS = Path("/etc/netns")
+#: Which tag belongs to which live run (and its munged), so the sweeper spares live runs.
+OWNERS_DIR = Path("/run/rallypoint-slurm")
+DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "sinfo")
+#: Terminal job states (squeue/scontrol names).
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+        "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
+    }
+)  # fmt: skip
+_TAG_RE = re.compile(r"^(rps\d{1,3})(?:-|br$|[vp]\d)")
+_PR_SET_PDEATHSIG = 1
+
+T = TypeVar("T")
+
+
+def run_tag() -> str:
+    """This process's resource prefix: ``rps`` and the pid modulo 1000."""
+    return f"rps{os.getpid() % 1000}"
+
+
+def prerequisites() -> str | None:
+    """Why a Slurm cluster cannot run here, or None when it can."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "Slurm daemons in network namespaces need root"
+    for tool in ("ip", "unshare", *DAEMONS):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not on PATH (scripts/setup-system.sh installs it)"
+    probe = f"{run_tag()}-probe"
+    created = _sh(["ip", "netns", "add", probe], check=False)
+    if created.returncode != 0:
+        return f"`ip netns add` failed: {created.stderr.strip()}"
+    _sh(["ip", "netns", "del", probe], check=False)
+    return None
+
+
+def _sh(
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a short command; raise with its stderr when check fails."""
+    done = subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=None if env is None else dict(env),
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(argv)} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}"
+        )
+    return done
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the spawning thread dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_for(
+    probe: Callable[[], T | None],
+    *,
+    timeout_s: float,
+    interval_s: float = 0.2,
+    what: str = "condition",
+    describe: Callable[[], str] | None = None,
+) -> T:
+    """Poll until probe returns something truthy and return it; TimeoutError after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            extra = f"; last seen: {describe()}" if describe is not None else ""
+            raise TimeoutError(f"{what} not reached within {timeout_s:g} s{extra}")
+        time.sleep(interval_s)
+
+
+def base_environ() -> dict[str, str]:
+    """The few variables a daemon or client needs; nothing else of the caller's leaks in."""
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+    env = {key: os.environ[key] for key in keep if key in os.environ}
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return env
+
+
+@dataclass(frozen=True)
+class Host:
+    """One namespace of the cluster: the controller or a compute node."""
+
+    name: str
+    ns: str
+    address: str
+    veth: str
+
+
+@dataclass(frozen=True)
+class Job:
+    """A finished (or abandoned) batch job: what scontrol and its output file say."""
+
+    job_id: str
+    state: str
+    exit_code: str
+    nodes: str
+    batch_host: str
+    output: str
+    record: Mapping[str, str] = field(default_factory=dict)
+
+    def lines(self, prefix: str) -> list[str]:
+        """The output lines that start with prefix."""
+        return [line for line in self.output.splitlines() if line.startswith(prefix)]
+
+    def describe(self) -> str:
+        return (
+            f"job {self.job_id}: {self.state} exit {self.exit_code} on {self.nodes}\n"
+            f"--- output ---\n{self.output}"
+        )
+
+
+class SlurmCluster:
+    """slurmctld on ``head`` and one slurmd per compute node, each in its own namespace.
+
+    A context manager that always cleans up: daemons, namespaces, links, the iptables rule
+    and the /etc/netns directories go away on close(), and atexit does the same.
+    """
+
+    def __init__(self, workdir: Path, nodes: Sequence[str] = NODES) -> None:
+        self.tag = run_tag()
+        self.workdir = Path(workdir)
+        self.bridge = f"{self.tag}br"
+        names = (CONTROLLER, *nodes)
+        self.hosts: dict[str, Host] = {
+            name: Host(
+                name=name,
+                ns=f"{self.tag}-{name}",
+                address=f"{SUBNET}.{10 + index}",
+                veth=f"{self.tag}v{index}",
+            )
+            for index, name in enumerate(names)
+        }
+        self.nodes = tuple(nodes)
+        self.conf = self.workdir / "slurm.conf"
+        self.munge_socket = self.workdir / "munge" / "munge.socket"
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._forward_rule = False
+        self._closed = False
+        self._jobs = 0
+
+    def __enter__(self) -> SlurmCluster:
+        self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getitem__(self, name: str) -> Host:
+        return self.hosts[name]
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    def up(self, ready_timeout_s: float = 90.0) -> None:
+        """Build the network, write the configuration, start munged, slurmctld and slurmds."""
+        with _LIVE_LOCK:
+            if _LIVE:
+                # Resource names carry only the pid: a second cluster would reuse them.
+                raise RuntimeError("one Slurm cluster per process: close the other first")
+        _register(self)
+        OWNERS_DIR.mkdir(parents=True, exist_ok=True)
+        (OWNERS_DIR / self.tag).write_text(str(os.getpid()))
+        try:
+            self._network()
+            self._files()
+            self._start_munged()
+            self._start_slurm()
+            self.wait_idle(ready_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def hosts_text(self, pinned: Mapping[str, str] | None = None) -> str:
+        """The hosts file of a namespace: every host, with pinned lines first.
+
+        glibc answers the first matching line, so a pinned ``127.0.1.1 gpu08`` line (what
+        Debian's installer writes for the machine's own name) wins over the real address.
+        """
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        lines += [f"{address}\t{name}" for name, address in (pinned or {}).items()]
+        lines += [f"{host.address}\t{host.name}" for host in self.hosts.values()]
+        return "\n".join(lines) + "\n"
+
+    def write_hosts(self, name: str, text: str) -> None:
+        """Replace a namespace's hosts file in place (a bind mount follows the inode)."""
+        with open(ETC_NETNS / self.hosts[name].ns / "hosts", "r+") as handle:
+            handle.seek(0)
+            handle.write(text)
+            handle.truncate()
+
+    def pin_own_name(self, name: str, address: str = "127.0.1.1") -> None:
+        """Make a node's own name resolve to address on that node, as Debian does."""
+        self.write_hosts(name, self.hosts_text({name: address}))
+
+    def unpin_all(self) -> None:
+        """Restore every namespace's hosts file."""
+        for name in self.hosts:
+            self.write_hosts(name, self.hosts_text())
+
+    def _network(self) -> None:
+        _sh(["ip", "link", "add", self.bridge, "type", "bridge", "mcast_snooping", "0"])
+        _sh(["ip", "link", "set", self.bridge, "up"])
+        if shutil.which("iptables") is not None:
+            # With a Docker engine FORWARD's policy is DROP and, with br_netfilter, bridged
+            # frames traverse it: srun's I/O comes back across the bridge to where it ran.
+            _sh(["iptables", "-I", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"])
+            self._forward_rule = True
+        for index, host in enumerate(self.hosts.values()):
+            etc = ETC_NETNS / host.ns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(self.hosts_text())
+            # Unknown names fail at once instead of reaching a real DNS server.
+            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+            _sh(["ip", "netns", "add", host.ns])
+            peer = f"{self.tag}p{index}"
+            _sh(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer])
+            _sh(["ip", "link", "set", peer, "netns", host.ns])
+            _sh(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
+            inside = ["ip", "-n", host.ns]
+            _sh([*inside, "link", "set", peer, "name", IFNAME])
+            _sh([*inside, "link", "set", "lo", "up"])
+            _sh([*inside, "addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", IFNAME])
+            _sh([*inside, "link", "set", IFNAME, "up"])
+            # mDNS needs a multicast route; unicast outside the subnet has none, on purpose.
+            _sh([*inside, "route", "add", "224.0.0.0/4", "dev", IFNAME])
+
+    def _files(self) -> None:
+        work = self.workdir
+        for sub in ("state", "log", "munge", "jobs", *(f"spool/{n}" for n in self.nodes)):
+            (work / sub).mkdir(parents=True, exist_ok=True)
+        (work / "munge").chmod(0o700)
+        key = work / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        nodes = "\n".join(
+            f"NodeName={name} NodeAddr={self.hosts[name].address} CPUs=2 State=UNKNOWN"
+            for name in self.nodes
+        )
+        self.conf.write_text(
+            SLURM_CONF.format(
+                work=work,
+                controller=CONTROLLER,
+                controller_addr=self.hosts[CONTROLLER].address,
+                socket=self.munge_socket,
+                nodes=nodes,
+                partition=PARTITION,
+                nodelist=",".join(self.nodes),
+            )
+        )
+        # Under `ip netns exec` /sys has no cgroup hierarchy: slurmd then refuses to start
+        # unless a cgroup plugin is named. v1 loads and is never used by linuxproc/task none.
+        (work / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        (work / "plugstack.conf").write_text("")
+
+    def environ(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of Slurm's daemons and clients: its config file, nothing else."""
+        env = base_environ()
+        env["SLURM_CONF"] = str(self.conf)
+        env.update(extra or {})
+        return env
+
+    def command(self, name: str, argv: Sequence[str]) -> list[str]:
+        """argv wrapped to run on host name: its namespace and its host name."""
+        host = self.hosts[name]
+        return [
+            "ip", "netns", "exec", host.ns,
+            "unshare", "--uts",
+            "sh", "-c", 'hostname "$0" && exec "$@"', host.name,
+            *argv,
+        ]  # fmt: skip
+
+    def _spawn(self, label: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        log = self.workdir / "log" / f"{label}.out"
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.environ(),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        self._procs[label] = popen
+        return popen
+
+    def _start_munged(self) -> None:
+        munge = self.workdir / "munge"
+        popen = self._spawn(
+            "munged",
+            [
+                "munged", "--foreground", "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={munge / 'munge.key'}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={munge / 'munged.log'}",
+                f"--seed-file={munge / 'munged.seed'}",
+            ],
+        )  # fmt: skip
+        # The sweeper kills a dead run's munged: it is the one daemon outside the namespaces.
+        (OWNERS_DIR / f"{self.tag}.munged").write_text(str(popen.pid))
+        wait_for(
+            lambda: self.munge_socket.exists() or popen.poll() is not None,
+            timeout_s=30,
+            what="munged socket",
+        )
+        if popen.poll() is not None:
+            raise RuntimeError(f"munged exited {popen.returncode}: {self.log('munged')}")
+
+    def _start_slurm(self) -> None:
+        self._spawn(
+            "slurmctld", self.command(CONTROLLER, ["slurmctld", "-D", "-f", str(self.conf)])
+        )
+        for name in self.nodes:
+            argv = ["slurmd", "-D", "-N", name, "-f", str(self.conf)]
+            self._spawn(f"slurmd-{name}", self.command(name, argv))
+
+    def wait_idle(self, timeout_s: float) -> None:
+        """Wait until every compute node is idle in sinfo."""
+
+        def idle() -> bool:
+            for label, popen in self._procs.items():
+                if popen.poll() is not None:
+                    raise RuntimeError(f"{label} exited {popen.returncode}: {self.log(label)}")
+            states = self.node_states()
+            return len(states) == len(self.nodes) and set(states.values()) == {"idle"}
+
+        wait_for(
+            idle, timeout_s=timeout_s, what="every node idle", describe=lambda: self.describe()
+        )
+
+    def node_states(self) -> dict[str, str]:
+        """Node name -> sinfo state ({} when slurmctld does not answer yet)."""
+        done = self.client(["sinfo", "--noheader", "--Node", "--format=%N %T"], check=False)
+        if done.returncode != 0:
+            return {}
+        states = {}
+        for line in done.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                states[parts[0]] = parts[1]
+        return states
+
+    # --- clients and jobs -----------------------------------------------------------------
+
+    def client(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        check: bool = True,
+        timeout_s: float = 30.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command on the controller (the login node)."""
+        done = subprocess.run(
+            self.command(CONTROLLER, argv),
+            capture_output=True,
+            text=True,
+            env=self.environ(env),
+            cwd=cwd,
+            timeout=timeout_s,
+            check=False,
+            start_new_session=True,
+        )
+        if check and done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()
+            raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {said}")
+        return done
+
+    def job_dir(self, label: str) -> Path:
+        """A fresh directory for one job: its script, its files, its output."""
+        self._jobs += 1
+        path = self.workdir / "jobs" / f"{self._jobs:02d}-{label}"
+        path.mkdir(parents=True)
+        return path
+
+    def submit(
+        self,
+        script: str,
+        workdir: Path,
+        *,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """sbatch the script text from workdir; return the job id."""
+        path = workdir / "job.sh"
+        path.write_text(script)
+        argv = [
+            "sbatch", "--parsable", f"--chdir={workdir}",
+            f"--output={workdir / 'slurm-%j.out'}", *args, str(path),
+        ]  # fmt: skip
+        done = self.client(argv, env=env, cwd=workdir)
+        return done.stdout.strip().split(";")[0]
+
+    def job_record(self, job_id: str) -> dict[str, str]:
+        """scontrol's record of a job as a dict ({} when unknown)."""
+        done = self.client(["scontrol", "--oneliner", "show", "job", job_id], check=False)
+        record: dict[str, str] = {}
+        for item in done.stdout.split():
+            key, sep, value = item.partition("=")
+            if sep and key not in record:
+                record[key] = value
+        return record
+
+    def wait_job(self, job_id: str, workdir: Path, timeout_s: float) -> Job:
+        """Wait until the job ends; scancel it (and report what it printed) after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        record: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            record = self.job_record(job_id)
+            if record.get("JobState") in FINAL_STATES:
+                break
+            time.sleep(0.5)
+        else:
+            self.client(["scancel", job_id], check=False)
+            wait_for(
+                lambda: self.job_record(job_id).get("JobState") in FINAL_STATES,
+                timeout_s=30,
+                what=f"job {job_id} cancelled",
+            )
+            record = self.job_record(job_id)
+            record["JobState"] = f"{record.get('JobState')} (cancelled after {timeout_s:g} s)"
+        out = workdir / f"slurm-{job_id}.out"
+        # slurmstepd may still be flushing the last lines when the state turns final.
+        text = ""
+        for _ in range(10):
+            text = out.read_text(errors="replace") if out.exists() else ""
+            if text:
+                break
+            time.sleep(0.2)
+        return Job(
+            job_id=job_id,
+            state=record.get("JobState", "UNKNOWN"),
+            exit_code=record.get("ExitCode", "?"),
+            nodes=record.get("NodeList", "?"),
+            batch_host=record.get("BatchHost", "?"),
+            output=text,
+            record=record,
+        )
+
+    def run_job(
+        self,
+        script: str,
+        label: str,
+        *,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        files: Mapping[str, str | Path] | None = None,
+        timeout_s: float = 150.0,
+    ) -> Job:
+        """Submit script from a fresh job directory (with files copied in) and wait for it."""
+        workdir = self.job_dir(label)
+        for name, content in (files or {}).items():
+            if isinstance(content, Path):
+                shutil.copy(content, workdir / name)
+            else:
+                (workdir / name).write_text(content)
+        job_id = self.submit(script, workdir, args=args, env=env)
+        return self.wait_job(job_id, workdir, timeout_s)
+
+    # --- logs, teardown ---------------------------------------------------------------------
+
+    def log(self, label: str, tail_lines: int = 30) -> str:
+        for path in (self.workdir / "log" / f"{label}.log", self.workdir / "log" / f"{label}.out"):
+            if path.exists() and path.stat().st_size:
+                lines = path.read_text(errors="replace").splitlines()[-tail_lines:]
+                return "\n".join(lines)
+        return ""
+
+    def describe(self) -> str:
+        """sinfo, and the tail of every daemon's log, for failure reports."""
+        states = self.node_states()
+        chunks = [f"nodes: {states or 'slurmctld does not answer'}"]
+        for label in ("slurmctld", *(f"slurmd-{n}" for n in self.nodes)):
+            chunks.append(f"--- {label} ---\n{self.log(label, 15)}")
+        return "\n".join(chunks)
+
+    def strays(self, name: str) -> list[int]:
+        """Pids of every process in a host's namespace."""
+        done = _sh(["ip", "netns", "pids", self.hosts[name].ns], check=False)
+        return [int(pid) for pid in done.stdout.split() if pid.isdigit()]
+
+    def close(self) -> None:
+        """Stop every daemon and delete everything up() created; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for popen in self._procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGTERM)
+        for popen in self._procs.values():
+            try:
+                popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(popen.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    popen.wait(timeout=5)
+        for host in self.hosts.values():
+            # slurmstepd and anything a job left behind outlive slurmd: they are in the
+            # namespace, so this finds them all.
+            for pid in self.strays(host.name) if (NETNS_DIR / host.ns).exists() else []:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            _sh(["ip", "link", "del", host.veth], check=False)
+            _sh(["ip", "netns", "del", host.ns], check=False)
+            shutil.rmtree(ETC_NETNS / host.ns, ignore_errors=True)
+        _sh(["ip", "link", "del", self.bridge], check=False)
+        if self._forward_rule:
+            _sh(
+                ["iptables", "-D", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"],
+                check=False,
+            )
+        (OWNERS_DIR / f"{self.tag}.munged").unlink(missing_ok=True)
+        (OWNERS_DIR / self.tag).unlink(missing_ok=True)
+        _unregister(self)
+
+
+#: slurm.conf of the test cluster. Everything lives in the work directory; SlurmUser is
+#: root so that nothing needs the slurm account's permissions on it.
+SLURM_CONF = """\
+ClusterName=rallypoint
+SlurmctldHost={controller}({controller_addr})
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={socket}
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={work}/state
+SlurmdSpoolDir={work}/spool/%n
+SlurmctldPidFile={work}/slurmctld.pid
+SlurmdPidFile={work}/spool/%n/slurmd.pid
+SlurmctldLogFile={work}/log/slurmctld.log
+SlurmdLogFile={work}/log/slurmd-%n.log
+PlugStackConfig={work}/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+ReturnToService=2
+SlurmctldTimeout=30
+SlurmdTimeout=60
+InactiveLimit=0
+KillWait=5
+MinJobAge=600
+{nodes}
+PartitionName={partition} Nodes={nodelist} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+# --- lifetime: atexit and the stale-resource sweeper ------------------------------------------
+
+_LIVE: list[SlurmCluster] = []
+_LIVE_LOCK = threading.Lock()
+_ATEXIT: list[bool] = []
+
+
+def _register(cluster: SlurmCluster) -> None:
+    with _LIVE_LOCK:
+        _LIVE.append(cluster)
+        if not _ATEXIT:
+            atexit.register(close_all)
+            _ATEXIT.append(True)
+
+
+def _unregister(cluster: SlurmCluster) -> None:
+    with _LIVE_LOCK:
+        if cluster in _LIVE:
+            _LIVE.remove(cluster)
+
+
+def close_all() -> None:
+    """Close every cluster this process still has open (atexit does this too)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for cluster in live:
+        cluster.close()
+
+
+def _stale(tag: str) -> bool:
+    """A tag is stale unless a live process other than a finished run of ours owns it."""
+    if tag == run_tag():
+        with _LIVE_LOCK:
+            return not _LIVE
+    try:
+        pid = int((OWNERS_DIR / tag).read_text().strip())
+    except (OSError, ValueError):
+        return True
+    return not _pid_alive(pid)
+
+
+def _is_munged(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "munged"
+    except OSError:
+        return False
+
+
+def sweep_stale() -> list[str]:
+    """Delete what dead runs left (daemons, namespaces, links, rules, files); list it."""
+    removed: list[str] = []
+    namespaces = sorted(NETNS_DIR.iterdir()) if NETNS_DIR.is_dir() else []
+    for entry in namespaces:
+        match = _TAG_RE.match(entry.name)
+        if match is None or not _stale(match.group(1)):
+            continue
+        for pid in _sh(["ip", "netns", "pids", entry.name], check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        _sh(["ip", "netns", "del", entry.name], check=False)
+        removed.append(f"netns {entry.name}")
+    links = json.loads(_sh(["ip", "-j", "link", "show"]).stdout or "[]")
+    for link in links:
+        name = str(link.get("ifname", ""))
+        match = _TAG_RE.match(name)
+        if match is not None and _stale(match.group(1)):
+            _sh(["ip", "link", "del", name], check=False)
+            removed.append(f"link {name}")
+    if shutil.which("iptables") is not None:
+        for line in _sh(["iptables", "-S", "FORWARD"], check=False).stdout.splitlines():
+            found = re.fullmatch(r"-A FORWARD -i (\S+) -o \1 -j ACCEPT", line.strip())
+            tag = _TAG_RE.match(found.group(1)) if found else None
+            if found and tag and _stale(tag.group(1)):
+                _sh(["iptables", "-D", *line.split()[1:]], check=False)
+                removed.append(f"iptables rule for {found.group(1)}")
+    if ETC_NETNS.is_dir():
+        for entry in ETC_NETNS.iterdir():
+            match = _TAG_RE.match(entry.name)
+            if match is not None and _stale(match.group(1)):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(f"dir {entry}")
+    if OWNERS_DIR.is_dir():
+        for entry in sorted(OWNERS_DIR.iterdir()):
+            tag = entry.name.removesuffix(".munged")
+            if not _stale(tag):
+                continue
+            if entry.name.endswith(".munged"):
+                with contextlib.suppress(ValueError, OSError):
+                    pid = int(entry.read_text().strip())
+                    if _is_munged(pid):
+                        os.kill(pid, signal.SIGKILL)
+                        removed.append(f"munged {pid}")
+            entry.unlink(missing_ok=True)
+    return removed

@@ -1,0 +1,155 @@
+"""Fixtures for tier 5: one real Slurm cluster per session, torn down whatever happens."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import require
+from tests.slurm import cluster as slurm_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "deploy" / "slurm.md"
+TRAIN = Path(__file__).with_name("train.py")
+#: What the machine forces on the guide's script: three nodes of two cores, no GPUs.
+NODES = 3
+NPROC_PER_NODE = 2
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember each phase's outcome on the item, so fixtures can dump logs on failure."""
+    report = yield
+    setattr(item, f"rp_report_{report.when}", report)
+    return report
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Why the session has no cluster: a missing prerequisite, or a cluster that broke."""
+
+    reason: str
+    missing: bool
+
+
+@pytest.fixture(scope="package")
+def slurm_session(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[slurm_cluster.SlurmCluster | Unavailable]:
+    """The cluster (or why there is none): started once, closed after the tier's last test."""
+    reason = slurm_cluster.prerequisites()
+    if reason is not None:
+        yield Unavailable(reason, missing=True)
+        return
+    slurm_cluster.sweep_stale()
+    made = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        made.up()
+    except Exception as exc:  # up() cleaned up; every test that needs the cluster fails
+        yield Unavailable(f"the Slurm cluster did not come up: {exc}", missing=False)
+        return
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def slurm(
+    slurm_session: slurm_cluster.SlurmCluster | Unavailable, request: pytest.FixtureRequest
+) -> Iterator[slurm_cluster.SlurmCluster]:
+    """The session's cluster, all nodes idle; its hosts files are restored after the test."""
+    if isinstance(slurm_session, Unavailable):
+        # A missing prerequisite skips locally (fails in CI); a broken cluster always fails.
+        require(not slurm_session.missing, f"Slurm tier: {slurm_session.reason}")
+        pytest.fail(slurm_session.reason, pytrace=False)
+    made = slurm_session
+    made.wait_idle(60)
+    yield made
+    made.unpin_all()
+    failed = any(
+        getattr(getattr(request.node, f"rp_report_{when}", None), "failed", False)
+        for when in ("setup", "call")
+    )
+    if failed:
+        print(f"==== Slurm cluster ({made.workdir})\n{made.describe()}")
+
+
+@pytest.fixture(scope="session")
+def job_env() -> dict[str, str]:
+    """What a submission adds to the environment: this Python's tools first on PATH.
+
+    Every node shares this filesystem, so rallypoint and torchrun of the test environment
+    are what the job runs, as they would be from a shared software directory.
+    """
+    require(
+        importlib.util.find_spec("torch") is not None,
+        "PyTorch is not installed (pip install torch==2.13.0)",
+    )
+    bindir = Path(sys.executable).parent
+    path = f"{bindir}:{slurm_cluster.base_environ()['PATH']}"
+    for tool in ("rallypoint", "torchrun"):
+        require(
+            shutil.which(tool, path=path) is not None,
+            f"`{tool}` is not next to {sys.executable} nor on PATH",
+        )
+    return {"PATH": path}
+
+
+def guide_script() -> str:
+    """The deploy guide's batch script, as the guide prints it."""
+    text = GUIDE.read_text()
+    blocks = re.findall(r"```sh\n(#!/bin/bash\n.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) == 1, f"{GUIDE} should hold exactly one batch script, found {len(blocks)}"
+    return blocks[0]
+
+
+def guide_section_block(heading: str) -> str:
+    """The first ```sh block under a heading of the guide."""
+    text = GUIDE.read_text()
+    start = text.index(f"\n## {heading}\n")
+    block = re.search(r"```sh\n(.*?)```", text[start:], flags=re.DOTALL)
+    assert block is not None, f"no sh block under '## {heading}' in {GUIDE}"
+    return block.group(1)
+
+
+def runnable_guide_script() -> str:
+    """The guide's script with only what this machine forces changed.
+
+    No GPUs: the ``--gpus-per-node`` line goes (Slurm would refuse a GPU request on nodes
+    without GRES). Two cores: two processes per node instead of one per GPU. The node
+    count is given on the sbatch command line (``--nodes=3``), which overrides the
+    script's own ``#SBATCH --nodes``. Each change must apply exactly once, so an edit of
+    the guide that this test does not know about fails here.
+    """
+    script = guide_script()
+    gpu_lines = [line for line in script.splitlines() if line.startswith("#SBATCH --gpus")]
+    assert len(gpu_lines) == 1, gpu_lines
+    script = script.replace(gpu_lines[0] + "\n", "")
+    nproc = re.findall(r"^export RALLYPOINT_NPROC_PER_NODE=\d+$", script, flags=re.MULTILINE)
+    assert len(nproc) == 1, nproc
+    script = script.replace(nproc[0], f"export RALLYPOINT_NPROC_PER_NODE={NPROC_PER_NODE}")
+    assert re.search(r"^#SBATCH --nodes=\d+$", script, flags=re.MULTILINE), script
+    assert "torchrun train.py" in script, script
+    return script
+
+
+def train_lines(job: slurm_cluster.Job) -> list[dict[str, Any]]:
+    """Every `train {...}` record the job printed, parsed, wherever it starts on a line."""
+    decoder = json.JSONDecoder()
+    found = []
+    for match in re.finditer(r"train (?=\{)", job.output):
+        record, _ = decoder.raw_decode(job.output, match.end())
+        found.append(record)
+    return found
