@@ -53,3 +53,45 @@ def test_jax_collective_runs_on_the_served_env(make_cluster: MakeCluster, family
         assert result["process_count"] == 3
         assert result["process_id"] == order.index(name)
         assert result["host"] == name
+
+
+def test_own_names_on_loopback_stay_fatal_with_jax_until_fixed(make_cluster: MakeCluster) -> None:
+    """JAX's gloo ignores GLOO_SOCKET_IFNAME: an own name on 127.0.1.1 breaks it (measured).
+
+    torch's gloo is pinned by the served GLOO_SOCKET_IFNAME and runs with the same hosts
+    files (test_torch.py); with jax served the node must not turn ready. Once the hosts
+    files are fixed, the same sidecars turn ready and the JAX job completes.
+    """
+    clients.require_module("jax", "pip install 'jax[cpu]'")
+    cluster = make_cluster(args=("--frameworks", "torch,jax"))
+    for node in cluster:
+        node.pin(node.name, "127.0.1.1")
+    cluster.start_all()
+
+    for node in cluster:
+
+        def self_loopback(node: harness.Node = node) -> list[dict[str, object]] | None:
+            reasons = node.not_ready_reasons() or []
+            found = [r for r in reasons if r.get("code") == "self_loopback"]
+            return found or None
+
+        found = harness.wait_for(
+            self_loopback, timeout_s=READY_S, what=f"{node.name} self_loopback"
+        )
+        message = str(found[0]["message"])
+        assert node.name in message and "127.0.1.1" in message
+        assert "JAX's gloo ignores GLOO_SOCKET_IFNAME" in message
+
+    for node in cluster:
+        node.unpin()
+    cluster.wait_all_ready(READY_S * 2)
+    outcomes = clients.run_clients(
+        list(cluster),
+        lambda node: clients.rallypoint_exec(clients.python("jax_allreduce.py")),
+        timeout_s=JOB_S,
+        label="jax",
+    )
+    report = clients.describe(outcomes)
+    for outcome in outcomes.values():
+        assert outcome.code == 0 and len(outcome.results) == 1, report
+        assert outcome.results[0]["ok"] and outcome.results[0]["sum"] == 6.0, report
