@@ -48,20 +48,8 @@ class PeerClient:
         self, target: tuple[str, int], body: bytes, session: str
     ) -> wire.JoinAnswer:
         """POST /v1/join; PeerDown, JoinRejected, AuthError or PeerMessageError when it fails."""
-        headers = {"Content-Type": "application/json"}
-        headers.update(self.auth.sign("POST /v1/join", body))
-        timeout = aiohttp.ClientTimeout(total=self.settings.resolve_timeout_s)
-        try:
-            async with self._client().post(
-                url(target, "/v1/join"), data=body, headers=headers, timeout=timeout
-            ) as resp:
-                payload = await _read_limited(resp, wire.MAX_JOIN_BYTES)
-                status, answer_headers = resp.status, resp.headers
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise PeerDown(_describe(exc)) from exc
-        if status != 200:
-            raise _refusal(status, payload)
-        self.auth.verify("200 /v1/join", payload, answer_headers)
+        timeout_s = self.settings.resolve_timeout_s
+        payload = await self._signed_post(target, "/v1/join", body, wire.MAX_JOIN_BYTES, timeout_s)
         answer = wire.parse_join_answer(payload)
         if answer.session != session:
             raise JoinRejected(
@@ -97,23 +85,31 @@ class PeerClient:
 
         PeerDown, JoinRejected, AuthError or PeerMessageError when it fails.
         """
-        headers = {"Content-Type": "application/json"}
-        headers.update(self.auth.sign("POST /v1/report", body))
-        timeout = aiohttp.ClientTimeout(
-            total=self.settings.long_poll_s + self.settings.resolve_timeout_s
+        timeout_s = self.settings.long_poll_s + self.settings.resolve_timeout_s
+        payload = await self._signed_post(
+            target, "/v1/report", body, wire.MAX_REPORT_BYTES, timeout_s
         )
+        return wire.parse_verdict(payload)
+
+    async def _signed_post(
+        self, target: tuple[str, int], path: str, body: bytes, limit: int, timeout_s: float
+    ) -> bytes:
+        """POST a signed JSON body; the answer's body once its status and signature check out."""
+        headers = {"Content-Type": "application/json"}
+        headers.update(self.auth.sign(f"POST {path}", body))
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self._client().post(
-                url(target, "/v1/report"), data=body, headers=headers, timeout=timeout
+                url(target, path), data=body, headers=headers, timeout=timeout
             ) as resp:
-                payload = await _read_limited(resp, wire.MAX_REPORT_BYTES)
+                payload = await _read_limited(resp, limit)
                 status, answer_headers = resp.status, resp.headers
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise PeerDown(_describe(exc)) from exc
         if status != 200:
             raise _refusal(status, payload)
-        self.auth.verify("200 /v1/report", payload, answer_headers)
-        return wire.parse_verdict(payload)
+        self.auth.verify(f"200 {path}", payload, answer_headers)
+        return payload
 
     async def post_poke(self, target: tuple[str, int], body: bytes, timeout_s: float) -> bool:
         """POST /v1/poke; whether the worker accepted it, PeerDown when it was not reached."""

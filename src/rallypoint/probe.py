@@ -78,6 +78,9 @@ async def probe(
     timeout_s: float,
 ) -> Outcome:
     """Connect to address:port within ``timeout_s`` and check the answer is rank ``rank``'s."""
+    # Raw non-blocking socket calls, not streams: a cluster makes N x (N-1) probes at once
+    # and every node's CPU time per probe adds up on the critical path to ready.
+    loop = asyncio.get_running_loop()
     started = time.monotonic()
 
     def done(cause: str, detail: str) -> Outcome:
@@ -85,28 +88,55 @@ async def probe(
 
     nonce = secrets.token_hex(16)
     try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(address, port, limit=MAX_LINE)
-    except TimeoutError:
-        return done("timeout", f"timed out after {timeout_s:g} s")
-    except OSError as exc:
-        return _refused(exc, done)
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            address, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+        )[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except (OSError, IndexError) as exc:
+        return done("error", f"{address} is not a usable address: {exc}")
     try:
-        # The handshake completed, so a firewall DROP or REJECT is ruled out: whatever
-        # listens here must answer like a sidecar of the session.
-        async with asyncio.timeout(timeout_s):
-            writer.write(MAGIC + b" " + nonce.encode() + b"\n")
-            await writer.drain()
-            line = await reader.readline()
-    except TimeoutError:
-        return done("foreign_answer", f"connected, but no probe answer within {timeout_s:g} s")
-    except (asyncio.LimitOverrunError, ValueError):
-        return done("foreign_answer", "the answer was not a probe answer (too long)")
-    except OSError as exc:
-        return done("foreign_answer", f"connected, then {_describe(exc)} before any answer")
+        sock.setblocking(False)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await loop.sock_connect(sock, sockaddr)
+        except TimeoutError:
+            return done("timeout", f"timed out after {timeout_s:g} s")
+        except OSError as exc:
+            return _refused(exc, done)
+        try:
+            # The handshake completed, so a firewall DROP or REJECT is ruled out: whatever
+            # listens here must answer like a sidecar of the session.
+            async with asyncio.timeout(timeout_s):
+                await loop.sock_sendall(sock, MAGIC + b" " + nonce.encode() + b"\n")
+                line = b""
+                while not line.endswith(b"\n") and len(line) <= MAX_LINE:
+                    chunk = await loop.sock_recv(sock, MAX_LINE + 1)
+                    if not chunk:
+                        break
+                    line += chunk
+        except TimeoutError:
+            return done("foreign_answer", f"connected, but no probe answer within {timeout_s:g} s")
+        except OSError as exc:
+            return done("foreign_answer", f"connected, then {_describe(exc)} before any answer")
     finally:
-        writer.close()
-    match = _ANSWER.fullmatch(line[:MAX_LINE])
+        sock.close()
+    return _judge(line, nonce, session=session, auth=auth, rank=rank, host=host, done=done)
+
+
+def _judge(
+    line: bytes,
+    nonce: str,
+    *,
+    session: str,
+    auth: Authenticator,
+    rank: int,
+    host: str,
+    done: Callable[[str, str], Outcome],
+) -> Outcome:
+    """The outcome of a probe that got ``line`` back."""
+    if len(line) > MAX_LINE:
+        return done("foreign_answer", "the answer was not a probe answer (too long)")
+    match = _ANSWER.fullmatch(line)
     if match is None:
         if not line:
             return done("foreign_answer", "the port closed the connection without answering")
@@ -154,60 +184,101 @@ class ProbeListener:
         self.host = host
         self.auth = auth
         self.metrics = metrics
-        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        #: Connections being served now (at most MAX_CONNECTIONS).
+        self.active = 0
         self._servers: list[asyncio.Server] = []
 
     async def serve(self, sockets: Iterable[socket.socket]) -> None:
         """Answer probes on each listening socket until close()."""
+        loop = asyncio.get_running_loop()
         for sock in sockets:
-            server = await asyncio.start_server(self._handle, sock=sock, limit=MAX_LINE)
+            server = await loop.create_server(lambda: _Answer(self), sock=sock)
             self._servers.append(server)
 
     async def close(self) -> None:
-        """Stop answering and close the sockets; closing twice is safe."""
+        """Stop answering and close the sockets; closing twice is safe.
+
+        Connections already accepted finish on their own within LINGER_S or
+        CHALLENGE_TIMEOUT_S; nothing waits for them.
+        """
         servers, self._servers = self._servers, []
         for server in servers:
             server.close()
-        for server in servers:
-            # Handlers in flight end within LINGER_S; do not wait on them beyond that.
-            try:
-                async with asyncio.timeout(LINGER_S + CHALLENGE_TIMEOUT_S):
-                    await server.wait_closed()
-            except TimeoutError:
-                log.debug("probe_listener_close_timeout")
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._slots.locked():
-            self.metrics.probes_answered.labels("refused_busy").inc()
-            writer.close()
-            return
-        async with self._slots:
-            try:
-                await self._answer(reader, writer)
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
-                self.metrics.probes_answered.labels("broken").inc()
-            finally:
-                writer.close()
+    def answer(self, nonce: str) -> bytes:
+        mac = self.auth.probe_mac(self.session, nonce, self.rank, self.host)
+        return b"%s %d %s %s\n" % (MAGIC, self.rank, self.host.encode(), mac.encode())
 
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(CHALLENGE_TIMEOUT_S):
-                line = await reader.readline()
-        except TimeoutError:
-            self.metrics.probes_answered.labels("silent").inc()
+    def count(self, result: str) -> None:
+        self.metrics.probes_answered.labels(result).inc()
+
+
+class _Answer(asyncio.Protocol):
+    """One connection to a window: read the challenge line, answer it, let the prober close."""
+
+    def __init__(self, listener: ProbeListener) -> None:
+        self.listener = listener
+        self.transport: asyncio.Transport | None = None
+        self.buffer = b""
+        self.answered = False
+        self.counted = False
+        self.slot = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self.listener.active >= MAX_CONNECTIONS:
+            # A flood of strangers: refuse at once rather than hold more state.
+            self._count("refused_busy")
+            transport.abort()
             return
+        self.listener.active += 1
+        self.slot = True
+        self.timer = asyncio.get_running_loop().call_later(
+            CHALLENGE_TIMEOUT_S, self._give_up, "silent"
+        )
+
+    def data_received(self, data: bytes) -> None:
+        if self.answered or self.transport is None:
+            return  # anything after the challenge is ignored until the prober closes
+        self.buffer += data
+        if b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_LINE:
+                self._give_up("garbage")
+            return
+        line = self.buffer.partition(b"\n")[0] + b"\n"
         match = _CHALLENGE.fullmatch(line)
         if match is None:
-            self.metrics.probes_answered.labels("garbage").inc()
+            self._give_up("garbage")
             return
-        nonce = match.group(1).decode()
-        mac = self.auth.probe_mac(self.session, nonce, self.rank, self.host)
-        writer.write(b"%s %d %s %s\n" % (MAGIC, self.rank, self.host.encode(), mac.encode()))
-        await writer.drain()
-        self.metrics.probes_answered.labels("answered").inc()
+        self.answered = True
+        self.transport.write(self.listener.answer(match.group(1).decode()))
+        self._count("answered")
         # Let the prober close first: TIME_WAIT then stays on its side, off the held port.
-        try:
-            async with asyncio.timeout(LINGER_S):
-                await reader.read(MAX_LINE)
-        except TimeoutError:
-            pass
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+
+    def eof_received(self) -> bool:
+        self._count("broken" if self.buffer else "silent")
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.slot:
+            self.slot = False
+            self.listener.active -= 1
+        self._count("broken")
+
+    def _give_up(self, result: str) -> None:
+        self._count(result)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _count(self, result: str) -> None:
+        """Count this connection once, under its first result."""
+        if not self.counted:
+            self.counted = True
+            self.listener.count(result)

@@ -323,3 +323,33 @@ async def test_a_probe_that_hangs_is_bounded(silent: tuple[str, int]) -> None:
         *silent, session="s", auth=Authenticator(None), rank=0, host="n", timeout_s=0.2
     )
     assert outcome.cause == "timeout" and "0.2 s" in outcome.detail
+
+
+async def test_a_flood_on_the_windows_leaves_the_api_and_the_verdict_intact(
+    silent: tuple[str, int],
+) -> None:
+    """Strangers flood a waiting node's probe window past its connection limit: the local
+    API keeps answering, and the cluster still turns ready once the real fault is fixed."""
+    c = Steered(3, per_node={rank: dict(FAST) for rank in range(3)})
+    c.detours[(2, "node0")] = silent  # keeps every node waiting, windows open
+    strangers: list[asyncio.StreamWriter] = []
+    try:
+        await start_steered(c)
+        await until(lambda: "peer_unreachable" in codes(c.nodes[1]))
+        port = c.nodes[1].node.held["probe"].port
+        for _ in range(probe.MAX_CONNECTIONS + 44):
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.0")  # and never a newline: each holds a slot
+            strangers.append(writer)
+        metrics = c.nodes[1].node.metrics
+        await until(
+            lambda: metrics.value("rallypoint_probes_answered_total", result="refused_busy") > 0
+        )
+        async with aiohttp.ClientSession() as http, http.get(c.local_url(1, "/livez")) as r:
+            assert r.status == 200
+        del c.detours[(2, "node0")]
+        await all_ready(c)
+    finally:
+        for writer in strangers:
+            writer.close()
+        await c.close()
