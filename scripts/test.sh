@@ -17,6 +17,10 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q 'torch==2.13.0' numpy || {
     echo "torch==2.13.0 could not be installed: the PyTorch tests will be skipped (or fail in CI)" >&2
 }
+# The real TensorFlow, JAX and DeepSpeed clients of the multi-host tier (CPU builds): test-only.
+.venv/bin/python -m pip install -q -e '.[frameworks]' || {
+    echo "tensorflow-cpu, jax or deepspeed could not be installed: their tests will be skipped (or fail in CI)" >&2
+}
 export PATH="$PWD/.venv/bin:$PATH"
 
 ruff check

@@ -317,6 +317,12 @@ _settings_options = _apply(
         default="{}-{}".format(*_S.port_range),
     ),
     _opt("--tf-port", "Preferred TF worker port.", type=_PORT, default=_S.tf_port),
+    _opt(
+        "--jax-port",
+        "Preferred JAX coordinator port (master; with jax in --frameworks).",
+        type=_PORT,
+        default=_S.jax_port,
+    ),
     _opt("--deadline", "Seconds for the whole rendezvous.", type=_Seconds(), default=_S.deadline_s),
     _opt(
         "--backoff-initial",
@@ -382,7 +388,7 @@ _settings_options = _apply(
     _opt(
         "--frameworks",
         "Frameworks whose variables are served.",
-        type=_Words("torch,tf", ("torch", "tf")),
+        type=_Words("torch,tf,jax", ("torch", "tf", "jax")),
         default="torch,tf",
     ),
     _opt(
@@ -460,6 +466,7 @@ def build_settings(ctx: click.Context, environ: Mapping[str, str]) -> Settings:
         master_port=p.get("master_port"),
         port_range=p.get("port_range", s.port_range),
         tf_port=p.get("tf_port", s.tf_port),
+        jax_port=p.get("jax_port", s.jax_port),
         deadline_s=p.get("deadline", s.deadline_s),
         backoff_initial_s=p.get("backoff_initial", s.backoff_initial_s),
         backoff_max_s=p.get("backoff_max", s.backoff_max_s),
@@ -688,27 +695,65 @@ def _fail(message: str, code: int) -> int:
 
 def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
     """Replace path with text so that a reader sees the old file or the new, never half."""
+    try:
+        write_atomic_all([(path, text)], mode)
+    except Unwritable as exc:
+        raise exc.error from None
+
+
+class Unwritable(Exception):
+    """A file of write_atomic_all could not be staged; nothing was replaced."""
+
+    def __init__(self, path: str, error: OSError) -> None:
+        super().__init__(f"{path}: {error}")
+        self.path = path
+        self.error = error
+        self.reason = error.strerror or str(error)
+
+
+def write_atomic_all(
+    files: Sequence[tuple[str | os.PathLike[str], str]], mode: int = 0o644
+) -> None:
+    """Replace every path with its text: all are staged first, so one failure writes none.
+
+    Each file is written to a temporary file beside it, synced, then renamed over the
+    target, so a reader sees the old file or the new, never half. Unwritable names the
+    path that could not be staged.
+    """
     import tempfile
 
-    target = Path(path)
-    directory = target.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    staged: list[tuple[Path, str]] = []
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
+        for path, text in files:
+            target = Path(path)
+            try:
+                fd, tmp = tempfile.mkstemp(
+                    prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+                )
+                staged.append((target, tmp))
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.chmod(tmp, mode)
+            except OSError as exc:
+                raise Unwritable(os.fspath(path), exc) from exc
+        for target, tmp in staged:
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                raise Unwritable(os.fspath(target), exc) from exc
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for _target, tmp in staged:
+            Path(tmp).unlink(missing_ok=True)
         raise
-    # Persist the rename itself, so a crash right after cannot resurrect the old file.
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    # Persist the renames themselves, so a crash right after cannot resurrect an old file.
+    for directory in dict.fromkeys(target.parent for target, _tmp in staged):
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def _emit(text: str) -> None:
@@ -778,25 +823,78 @@ def serve(ctx: click.Context, /, **_: Any) -> None:
     envvar="RALLYPOINT_WAIT_OUT",
     metavar="FILE",
 )
+@_opt(
+    "--hostfile",
+    "Also write the hostfile (host slots=N per node, rank order) to FILE atomically.",
+    envvar="RALLYPOINT_WAIT_HOSTFILE",
+    metavar="FILE",
+)
 @_format_option
 @_client_options
 @click.pass_context
-def wait(ctx: click.Context, /, timeout: float, out: str | None, fmt: str, **_: Any) -> None:
-    """Block until the local sidecar is ready, then print or write the env."""
+def wait(
+    ctx: click.Context,
+    /,
+    timeout: float,
+    out: str | None,
+    hostfile: str | None,
+    fmt: str,
+    **_: Any,
+) -> None:
+    """Block until the local sidecar is ready, then print or write the env (and hostfile)."""
     settings, _environ = _setup(ctx)
+    targets = {
+        name: (path, _where(ctx, name, f"--{name}", envvar))
+        for name, path, envvar in (
+            ("out", out, "RALLYPOINT_WAIT_OUT"),
+            ("hostfile", hostfile, "RALLYPOINT_WAIT_HOSTFILE"),
+        )
+        if path is not None
+    }
+    # Refuse an unwritable path before waiting minutes for the rendezvous.
+    for path, where in targets.values():
+        _check_writable(path, where)
     body = _wait(ctx, settings, fmt, timeout)
+    files: list[tuple[str, str, str]] = []
+    if hostfile is not None:
+        from rallypoint import client
+
+        text = client.fetch_hostfile(_base_url(ctx, settings), wait_s=min(timeout or 30.0, 30.0))
+        files.append((hostfile, text, targets["hostfile"][1]))
     if out is None:
         _emit(body)
-        return
+    else:
+        files.append((out, body if body.endswith("\n") else body + "\n", targets["out"][1]))
     try:
-        write_atomic(out, body if body.endswith("\n") else body + "\n")
-    except OSError as exc:
-        where = _where(ctx, "out", "--out", "RALLYPOINT_WAIT_OUT")
+        write_atomic_all([(path, text) for path, text, _where_ in files])
+    except Unwritable as exc:
+        where = next(w for path, _text, w in files if path == exc.path)
         raise ConfigError(
-            f"{where} {out!r} cannot be written ({exc.strerror or exc}): "
-            "check that its directory exists and is writable"
+            f"{where} {exc.path!r} cannot be written ({exc.reason}): "
+            "check that its directory exists and is writable; nothing was written"
         ) from exc
-    log.info("env.written", extra={"path": out, "format": fmt})
+    for path, _text, where in files:
+        log.info("file.written", extra={"path": path, "option": where})
+
+
+def _check_writable(path: str, where: str) -> None:
+    """ConfigError naming the option when ``path`` cannot become a file."""
+    target = Path(path)
+    directory = target.parent
+    problem = None
+    if not path.strip():
+        problem = "empty path"
+    elif target.is_dir():
+        problem = "it is a directory"
+    elif not directory.is_dir():
+        problem = f"no directory {str(directory)!r}"
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        problem = f"directory {str(directory)!r} is not writable"
+    if problem is not None:
+        raise ConfigError(
+            f"{where} {path!r} cannot be written ({problem}): "
+            "check that its directory exists and is writable"
+        )
 
 
 def _wait(ctx: click.Context, settings: Settings, fmt: str, timeout: float) -> str:
@@ -900,6 +998,8 @@ def derive(ctx: click.Context, /, fmt: str, **_: Any) -> None:
     if not result.reserved:
         shown = [f"MASTER_PORT={result.get('MASTER_PORT')}"] if result.get("MASTER_PORT") else []
         shown += [f"TF worker port {settings.tf_port}"] if result.get("TF_CONFIG") else []
+        if result.get("JAX_COORDINATOR_ADDRESS"):
+            shown += [f"JAX coordinator port {settings.jax_port}"]
         click.echo(
             f"note: ports are preferred, not reserved ({', '.join(shown) or 'none shown'}): "
             "`rallypoint serve` reserves them and takes the next free one when one is taken",
@@ -918,6 +1018,7 @@ def derive_options(settings: Settings, environ: Mapping[str, str]) -> DeriveOpti
         user=derivation.user_values(environ, settings.sets),
         master_port=settings.master_port,  # None: the provider's preferred port, else 29500
         tf_port=settings.tf_port,
+        jax_port=settings.jax_port,
     )
 
 

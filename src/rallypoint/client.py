@@ -11,7 +11,13 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rallypoint.errors import NotReady, RendezvousTimeout, SidecarError, SidecarUnreachable
+from rallypoint.errors import (
+    HostfileError,
+    NotReady,
+    RendezvousTimeout,
+    SidecarError,
+    SidecarUnreachable,
+)
 
 #: Extra seconds a request may take beyond the long-poll it asked the server for.
 _MARGIN_S = 5.0
@@ -136,6 +142,22 @@ def fetch_env(
     if answer.status == 503:
         raise _not_ready(base_url, answer.body)
     raise _unexpected(base_url, path, answer)
+
+
+def fetch_hostfile(base_url: str, wait_s: float = 0.0, *, timeout_s: float = _MARGIN_S) -> str:
+    """The hostfile from GET /hostfile; NotReady when not ready after wait_s.
+
+    HostfileError (exit 2) when the sidecar has no slot count to write (answer 409).
+    """
+    path = "/hostfile" + (f"?wait={wait_s:.3f}" if wait_s > 0 else "")
+    answer = get(base_url, path, timeout_s=timeout_s + wait_s)
+    if answer.status == 200:
+        return answer.body
+    if answer.status == 503:
+        raise _not_ready(base_url, answer.body)
+    if answer.status == 409:
+        raise HostfileError(reasons_of(answer.body)[0])
+    raise _unexpected(base_url, "/hostfile", answer)
 
 
 def readyz(base_url: str, *, timeout_s: float = 2.0) -> str:

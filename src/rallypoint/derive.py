@@ -9,13 +9,19 @@ Which keys belong to which framework (``DeriveOptions.frameworks``):
   RANK, WORLD_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE (the last four only with one
   process per node: otherwise torchrun sets them per process) and GLOO_SOCKET_IFNAME
   (by default: the interface that routes to the master, docs/loopback.md);
-* tf: TF_CONFIG.
+* tf: TF_CONFIG;
+* jax: JAX_COORDINATOR_ADDRESS (the master's host and the coordinator port its sidecar
+  holds), JAX_NUM_PROCESSES, JAX_PROCESS_ID (only with one process per node) and, on the
+  master only, JAX_COORDINATOR_BIND_ADDRESS (``[::]:port``, every interface). JAX itself
+  reads the two addresses; the count and the id go to ``jax.distributed.initialize``.
 
 User values (environment or ``--set``) win, one fact at a time: MASTER_ADDR and
 PET_MASTER_ADDR, MASTER_PORT and PET_MASTER_PORT, NNODES and PET_NNODES, and
 NODE_RANK, PET_NODE_RANK, RANK and WORLD_RANK (one process per node) each name one
 fact; a user value for one name serves all of them, and two names of one fact that
-disagree are an OverrideError. WORLD_SIZE follows NNODES x nproc-per-node.
+disagree are an OverrideError. WORLD_SIZE follows NNODES x nproc-per-node, and so does
+JAX_NUM_PROCESSES; JAX_PROCESS_ID names the node rank with one process per node. The host
+of JAX_COORDINATOR_ADDRESS follows MASTER_ADDR; its port is the coordinator's own.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from rallypoint import tfconfig
 from rallypoint.errors import ConfigError, OverrideError, TFConfigError
 from rallypoint.model import (
+    DEFAULT_JAX_PORT,
     DEFAULT_MASTER_PORT,
     FRAMEWORKS,
     ClusterDoc,
@@ -53,6 +60,10 @@ CONTRACT_KEYS: tuple[str, ...] = (
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "TF_CONFIG",
+    "JAX_COORDINATOR_ADDRESS",
+    "JAX_COORDINATOR_BIND_ADDRESS",
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
     "RALLYPOINT_GENERATION",
     "GLOO_SOCKET_IFNAME",
     "NCCL_SOCKET_IFNAME",
@@ -75,6 +86,10 @@ FRAMEWORK_OF: Mapping[str, str | None] = {
     "LOCAL_RANK": "torch",
     "LOCAL_WORLD_SIZE": "torch",
     "TF_CONFIG": "tf",
+    "JAX_COORDINATOR_ADDRESS": "jax",
+    "JAX_COORDINATOR_BIND_ADDRESS": "jax",
+    "JAX_NUM_PROCESSES": "jax",
+    "JAX_PROCESS_ID": "jax",
     "RALLYPOINT_GENERATION": None,
     "GLOO_SOCKET_IFNAME": "torch",
     "NCCL_SOCKET_IFNAME": None,
@@ -83,8 +98,13 @@ FRAMEWORK_OF: Mapping[str, str | None] = {
 #: Served as RALLYPOINT_GENERATION by `rallypoint derive`: no rendezvous happened.
 OFFLINE_GENERATION = "offline"
 
-#: Set per process by torchrun when a node runs several processes.
-PER_PROCESS_KEYS = ("RANK", "WORLD_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+#: Set per process by torchrun (or the user's launcher) when a node runs several processes.
+PER_PROCESS_KEYS = ("RANK", "WORLD_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "JAX_PROCESS_ID")
+
+#: The coordinator listens on every interface: on a host with several NICs a bind to the
+#: address its name resolves to may pick one that peers cannot reach. gRPC reads "[::]" as
+#: the wildcard and falls back to 0.0.0.0 where IPv6 is off.
+JAX_BIND_HOST = "::"
 
 # torchrun's --nproc-per-node accepts these words besides a number.
 _NPROC_WORDS = frozenset({"auto", "cpu", "gpu", "xpu"})
@@ -115,6 +135,15 @@ def user_values(
             )
         found[key] = (value, "--set")
     return found
+
+
+def check_values(user: Mapping[str, tuple[str, OverrideSource]]) -> None:
+    """OverrideError for the first user value that is malformed on its own (no layout needed).
+
+    `serve` calls it before anything listens: such a value could never be served.
+    """
+    for key, (value, source) in user.items():
+        _check_value(key, value, source)
 
 
 def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) -> Env:
@@ -150,6 +179,18 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
         derived["GLOO_SOCKET_IFNAME"] = options.ifname
         if options.nccl_ifname:
             derived["NCCL_SOCKET_IFNAME"] = options.ifname
+    jax_port: int | None = None
+    if "jax" in frameworks:
+        jax_port = _jax_port(doc, options, required="JAX_COORDINATOR_ADDRESS" not in user)
+        derived.update(JAX_NUM_PROCESSES=str(spec.nnodes * nproc_default))
+        if jax_port is not None:
+            derived["JAX_COORDINATOR_ADDRESS"] = tfconfig.format_address(master_addr, jax_port)
+            if spec.is_master:
+                derived["JAX_COORDINATOR_BIND_ADDRESS"] = tfconfig.format_address(
+                    JAX_BIND_HOST, jax_port
+                )
+        if nproc_default == 1:
+            derived["JAX_PROCESS_ID"] = str(spec.rank)
     if "tf" in frameworks:
         tf_derived = _tf_config(spec, doc, options, required="TF_CONFIG" not in user)
         if tf_derived is not None:
@@ -172,24 +213,29 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
     nproc = _nproc(mine, nproc_default)
     nnodes_text = _agree(mine, ("NNODES", "PET_NNODES"), numeric=True)
     nnodes = int(nnodes_text) if nnodes_text is not None else spec.nnodes
-    rank_keys = ("NODE_RANK", "PET_NODE_RANK") + (("RANK", "WORLD_RANK") if nproc == 1 else ())
+    one_proc_ranks = ("RANK", "WORLD_RANK", "JAX_PROCESS_ID")
+    rank_keys = ("NODE_RANK", "PET_NODE_RANK") + (one_proc_ranks if nproc == 1 else ())
     rank_text = _agree(mine, rank_keys, numeric=True)
     node_rank = int(rank_text) if rank_text is not None else spec.rank
     addr_text = _agree(mine, ("MASTER_ADDR", "PET_MASTER_ADDR"), numeric=False)
     port_text = _agree(mine, ("MASTER_PORT", "PET_MASTER_PORT"), numeric=True)
     if addr_text is not None:
         values.update(MASTER_ADDR=addr_text, PET_MASTER_ADDR=addr_text)
+        if jax_port is not None:
+            values["JAX_COORDINATOR_ADDRESS"] = tfconfig.format_address(addr_text, jax_port)
     if port_text is not None:
         values.update(MASTER_PORT=str(int(port_text)), PET_MASTER_PORT=str(int(port_text)))
     values.update(NNODES=str(nnodes), PET_NNODES=str(nnodes))
     values.update(NODE_RANK=str(node_rank), PET_NODE_RANK=str(node_rank))
     for key in ("WORLD_SIZE", *PER_PROCESS_KEYS):
         values.pop(key, None)
+    values.pop("JAX_NUM_PROCESSES", None)
     if nproc is not None:
         values.update(PET_NPROC_PER_NODE=str(nproc), WORLD_SIZE=str(nnodes * nproc))
+        values["JAX_NUM_PROCESSES"] = str(nnodes * nproc)
     if nproc == 1:
         values.update(RANK=str(node_rank), WORLD_RANK=str(node_rank))
-        values.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        values.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", JAX_PROCESS_ID=str(node_rank))
     # The user's own spelling of each value they set is what is served.
     for key, (value, _source) in mine.items():
         values[key] = value
@@ -216,7 +262,10 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
 def _check_inputs(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) -> None:
     unknown = set(options.frameworks) - FRAMEWORKS
     if unknown:
-        raise ConfigError(f"unknown framework(s) {', '.join(sorted(unknown))}: use torch and/or tf")
+        raise ConfigError(
+            f"unknown framework(s) {', '.join(sorted(unknown))}: use any of "
+            f"{', '.join(sorted(FRAMEWORKS))}"
+        )
     if options.nproc_per_node < 1:
         raise ConfigError(f"nproc-per-node {options.nproc_per_node} must be at least 1")
     if not spec.hosts:
@@ -244,6 +293,23 @@ def _master_port(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptio
     if options.master_port is not None:
         return options.master_port
     return spec.preferred_port or DEFAULT_MASTER_PORT
+
+
+def _jax_port(doc: ClusterDoc | None, options: DeriveOptions, *, required: bool) -> int | None:
+    """The coordinator port: the master's held one, offline the preferred one.
+
+    None when the master reported none and the user set JAX_COORDINATOR_ADDRESS (then the
+    user's address is served); ConfigError when it is required and missing.
+    """
+    if doc is None:
+        return options.jax_port or DEFAULT_JAX_PORT
+    port = doc.members[0].jax_port
+    if port is None and required:
+        raise ConfigError(
+            f"the master {doc.master_host} reported no JAX coordinator port; every sidecar "
+            "must serve JAX (RALLYPOINT_FRAMEWORKS includes jax on every node)"
+        )
+    return port
 
 
 def _tf_config(
@@ -342,6 +408,17 @@ def _check_value(key: str, value: str, source: OverrideSource) -> None:
             tfconfig.validate(value)
         except TFConfigError as exc:
             raise bad(f"is not a valid TF_CONFIG: {exc}") from exc
+    elif key in ("JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_BIND_ADDRESS"):
+        try:
+            tfconfig.parse_address(value, f"{key} from {_where(source)}")
+        except TFConfigError as exc:
+            raise OverrideError(str(exc)) from exc
+    elif key == "JAX_NUM_PROCESSES":
+        if not _INT.fullmatch(value) or int(value) < 1:
+            raise bad("is not a count: use an integer of at least 1")
+    elif key == "JAX_PROCESS_ID":
+        if not _INT.fullmatch(value):
+            raise bad("is not a process id: use an integer of at least 0")
     elif key == "RALLYPOINT_GENERATION":
         if not _GENERATION.fullmatch(value):
             raise bad("is not a generation: use 1-128 printable ASCII characters, no blanks")
@@ -398,22 +475,14 @@ def _check_consistency(
     per_process = [key for key in PER_PROCESS_KEYS if key in mine]
     if nproc != 1 and per_process:
         count = "several" if nproc is None else str(nproc)
+        launcher = "your launcher" if per_process[0] == "JAX_PROCESS_ID" else "torchrun"
         raise OverrideError(
-            f"{culprit(*per_process)} is set per process by torchrun when a node runs "
+            f"{culprit(*per_process)} is set per process by {launcher} when a node runs "
             f"{count} processes; unset it, or run one process per node"
         )
-    if "WORLD_SIZE" in mine:
-        world = int(mine["WORLD_SIZE"][0])
-        if nproc is not None and world != nnodes * nproc:
-            raise OverrideError(
-                f"{culprit('WORLD_SIZE')} contradicts NNODES {nnodes} x nproc-per-node "
-                f"{nproc} = {nnodes * nproc}; WORLD_SIZE counts processes, not nodes"
-            )
-        if nproc is None and world % nnodes:
-            raise OverrideError(
-                f"{culprit('WORLD_SIZE')} is not a multiple of NNODES {nnodes}; "
-                "WORLD_SIZE counts processes across all nodes"
-            )
+    for key in ("WORLD_SIZE", "JAX_NUM_PROCESSES"):
+        if key in mine:
+            _check_world(key, mine, nnodes, nproc, culprit)
     if nproc == 1:
         if "LOCAL_WORLD_SIZE" in mine and int(mine["LOCAL_WORLD_SIZE"][0]) != 1:
             raise OverrideError(
@@ -423,6 +492,27 @@ def _check_consistency(
             raise OverrideError(
                 f"{culprit('LOCAL_RANK')} is out of range for one process per node; set it to 0"
             )
+
+
+def _check_world(
+    key: str,
+    mine: Mapping[str, tuple[str, OverrideSource]],
+    nnodes: int,
+    nproc: int | None,
+    culprit: Callable[..., str],
+) -> None:
+    """OverrideError when a user's process count (WORLD_SIZE, JAX_NUM_PROCESSES) is off."""
+    world = int(mine[key][0])
+    if nproc is not None and world != nnodes * nproc:
+        raise OverrideError(
+            f"{culprit(key)} contradicts NNODES {nnodes} x nproc-per-node "
+            f"{nproc} = {nnodes * nproc}; {key} counts processes, not nodes"
+        )
+    if nproc is None and world % nnodes:
+        raise OverrideError(
+            f"{culprit(key)} is not a multiple of NNODES {nnodes}; "
+            f"{key} counts processes across all nodes"
+        )
 
 
 def _where(source: OverrideSource) -> str:

@@ -58,3 +58,7 @@ class SidecarUnreachable(RallypointError):
 
 class SidecarError(RallypointError):
     """Raised by clients when the local API answers outside its contract (exit 1)."""
+
+
+class HostfileError(ConfigError):
+    """Raised when no hostfile can be written: the slots per node are not a number."""

@@ -7,9 +7,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 #: Framework names accepted in RALLYPOINT_FRAMEWORKS.
-FRAMEWORKS = frozenset({"torch", "tf"})
+FRAMEWORKS = frozenset({"torch", "tf", "jax"})
+#: Served when RALLYPOINT_FRAMEWORKS is unset; jax is served on request (docs/env-contract.md).
+DEFAULT_FRAMEWORKS = frozenset({"torch", "tf"})
 
 DEFAULT_MASTER_PORT = 29500
+#: Preferred JAX coordinator port: the one JAX's own Cloud TPU cluster detection uses.
+DEFAULT_JAX_PORT = 8476
 DEFAULT_LOCAL_PORT = 7780
 DEFAULT_PEER_PORT = 7781
 
@@ -59,6 +63,8 @@ class Member:
     addresses: tuple[str, ...]
     #: The TF worker port this node's sidecar reserved, when TF_CONFIG is served.
     tf_port: int | None = None
+    #: The JAX coordinator port the master's sidecar reserved (rank 0 only, with jax served).
+    jax_port: int | None = None
     #: The ephemeral-range port its sidecar holds for connection probes (None: no probes).
     probe_port: int | None = None
 
@@ -95,7 +101,7 @@ class DeriveOptions:
     """Everything derivation needs besides the spec and the cluster document."""
 
     nproc_per_node: int = 1
-    frameworks: frozenset[str] = FRAMEWORKS
+    frameworks: frozenset[str] = DEFAULT_FRAMEWORKS
     #: TF_CONFIG layout: "workers", "chief", "ps:N", "evaluator" (see tfconfig.py).
     tf_layout: str = "workers"
     #: The master's verified address, served as MASTER_ADDR instead of its name.
@@ -111,6 +117,8 @@ class DeriveOptions:
     master_port: int | None = None
     #: Offline only (no cluster document): every node's TF worker port.
     tf_port: int = 2222
+    #: Offline only (no cluster document): the JAX coordinator port shown.
+    jax_port: int = DEFAULT_JAX_PORT
 
 
 @dataclass(frozen=True, slots=True)

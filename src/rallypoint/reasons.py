@@ -63,19 +63,32 @@ def loopback_reason(host: str, res: Resolution) -> Reason:
 
 
 def self_loopback_reason(
-    host: str, loopback: Sequence[str], *, detail: str | None, emit_ifname: bool
+    host: str,
+    loopback: Sequence[str],
+    *,
+    detail: str | None,
+    emit_ifname: bool,
+    jax: bool = False,
 ) -> Reason:
     """Not ready because this node's own name resolves to loopback and no interface is pinned."""
     # Without GLOO_SOCKET_IFNAME gloo binds and publishes what its own host name resolves to,
     # and peers whose address sorts above it dial loopback (measured: docs/loopback.md).
+    # JAX's gloo (XLA's; jax 0.10.2) reads no GLOO_SOCKET_IFNAME: measured, its context
+    # fails with "Connection refused, remote=[127.0.1.1]" where torch's gloo succeeds.
     where = f"this node's own name {host} resolves to loopback ({', '.join(loopback)})"
     fix = f"map {host} to its cluster address in /etc/hosts"
-    remedy = (
-        f"no interface that routes to the master was found to serve as GLOO_SOCKET_IFNAME, so {fix}"
-        if emit_ifname
-        else f"{fix}, or drop --no-emit-ifname so GLOO_SOCKET_IFNAME pins the interface that "
-        "routes to the master"
-    )
+    if jax:
+        remedy = f"JAX's gloo ignores GLOO_SOCKET_IFNAME, so {fix}"
+    elif emit_ifname:
+        remedy = (
+            "no interface that routes to the master was found to serve as "
+            f"GLOO_SOCKET_IFNAME, so {fix}"
+        )
+    else:
+        remedy = (
+            f"{fix}, or drop --no-emit-ifname so GLOO_SOCKET_IFNAME pins the interface that "
+            "routes to the master"
+        )
     return Reason(
         "self_loopback",
         f"{where}, which gloo would publish to its peers; {remedy} (see docs/loopback.md)",

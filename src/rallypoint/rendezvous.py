@@ -637,12 +637,13 @@ class Rendezvous:
             check.update([*current, reason])
 
     def _own_member(self) -> Member:
-        tf, probe_port = self.held.get("tf"), self.held.get("probe")
+        tf, jax, probe_port = self.held.get("tf"), self.held.get("jax"), self.held.get("probe")
         return Member(
             rank=self.spec.rank,
             host=self.spec.host,
             addresses=tuple(dict.fromkeys(wire.address(a) for a in self.addresses)),
             tf_port=None if tf is None else tf.port,
+            jax_port=None if jax is None else jax.port,
             probe_port=None if probe_port is None or not self.settings.probe else probe_port.port,
         )
 

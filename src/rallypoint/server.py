@@ -21,8 +21,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
-from rallypoint import render, wire
-from rallypoint.errors import AuthError, PeerMessageError, PortError
+from rallypoint import hostfile, render, wire
+from rallypoint.errors import AuthError, HostfileError, PeerMessageError, PortError
 from rallypoint.metrics import CONTENT_TYPE
 from rallypoint.rendezvous import JoinRejected, Reason, Rendezvous, auth_reason
 from rallypoint.settings import Settings
@@ -53,6 +53,10 @@ MAX_WAIT_S = 300.0
 BODY_TIMEOUT_S = 5.0
 #: After answering early (408, 413), unread body bytes are drained this long, not aiohttp's 10 s.
 LINGER_S = 1.0
+
+#: The default peer host; with it the peer API also listens on IPV6_ANY (v6-only socket).
+IPV4_ANY = "0.0.0.0"
+IPV6_ANY = "::"
 
 _NO_STORE = {"Cache-Control": "no-store"}
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -99,10 +103,11 @@ def _observe(api: str) -> Middleware:
 
 
 def local_app(node: Rendezvous) -> web.Application:
-    """The local API: /env, /readyz, /livez, /status, /metrics."""
+    """The local API: /env, /hostfile, /readyz, /livez, /status, /metrics."""
     app = web.Application(client_max_size=LOCAL_MAX_BYTES, middlewares=[_observe("local")])
     app[NODE] = node
     app.router.add_get("/env", _env)
+    app.router.add_get("/hostfile", _hostfile)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/livez", _livez)
     app.router.add_get("/status", _status)
@@ -144,6 +149,22 @@ _ENV_HEADERS = {
 }
 
 
+async def _wait_param(request: web.Request, params: dict[str, str]) -> web.Response | None:
+    """Long-poll for readiness when ?wait= asks for it; a 400 answer when it is malformed."""
+    if "wait" not in params:
+        return None
+    try:
+        wait_s = float(params["wait"])
+    except ValueError:
+        wait_s = math.nan
+    if not math.isfinite(wait_s) or wait_s < 0:
+        return error_response(
+            400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
+        )
+    await request.app[NODE].wait_ready(min(wait_s, MAX_WAIT_S))
+    return None
+
+
 async def _env(request: web.Request) -> web.Response:
     node = request.app[NODE]
     # Most calls carry no query: skip parsing it.
@@ -151,16 +172,9 @@ async def _env(request: web.Request) -> web.Response:
     fmt = params.get("format", "json")
     if fmt not in render.FORMATS:
         return error_response(400, f"format {fmt!r} is not one of {', '.join(render.FORMATS)}")
-    if "wait" in params:
-        try:
-            wait_s = float(params["wait"])
-        except ValueError:
-            wait_s = math.nan
-        if not math.isfinite(wait_s) or wait_s < 0:
-            return error_response(
-                400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
-            )
-        await node.wait_ready(min(wait_s, MAX_WAIT_S))
+    bad_wait = await _wait_param(request, params)
+    if bad_wait is not None:
+        return bad_wait
     env = node.env
     if not node.ready or env is None:
         return _not_ready(node.reasons())
@@ -168,6 +182,26 @@ async def _env(request: web.Request) -> web.Response:
     headers["X-Rallypoint-Generation"] = node.generation or ""
     # Rendered once per (env, format): json's indent=2 takes the pure-Python encoder.
     return web.Response(body=render.render_bytes(env.values, fmt), headers=headers)
+
+
+async def _hostfile(request: web.Request) -> web.Response:
+    """The nodes as ``host slots=N`` lines in rank order (DeepSpeed, Open MPI), when ready."""
+    node = request.app[NODE]
+    params = _single(request, ("wait",)) if request.query_string else {}
+    bad_wait = await _wait_param(request, params)
+    if bad_wait is not None:
+        return bad_wait
+    env = node.env
+    if not node.ready or env is None:
+        return _not_ready(node.reasons())
+    try:
+        slot_count = hostfile.slots(env.as_dict(), node.settings.nproc_per_node)
+        text = hostfile.render(node.spec.hosts, slot_count)
+    except HostfileError as exc:
+        return error_response(409, str(exc), "no_hostfile")
+    headers = dict(_ENV_HEADERS["sh"])
+    headers["X-Rallypoint-Generation"] = node.generation or ""
+    return web.Response(body=text.encode(), headers=headers)
 
 
 async def _readyz(request: web.Request) -> web.Response:
@@ -393,11 +427,16 @@ class Listeners:
         )
         await self._bind(peer, settings.peer_host, settings.peer_port, "peer", quiet_v6=False)
         self.peer_bound.append((settings.peer_host, settings.peer_port))
+        # The wildcard means every address, as it does for gRPC: on an IPv6-only or
+        # dual-stack network peers may reach this node over IPv6 only.
+        if settings.peer_host == IPV4_ANY and await self._bind(
+            peer, IPV6_ANY, settings.peer_port, "peer", quiet_v6=True
+        ):
+            self.peer_bound.append((IPV6_ANY, settings.peer_port))
         log.info(
-            "listening local=%s peer=%s:%d",
+            "listening local=%s peer=%s",
             ",".join(f"{h}:{p}" for h, p in self.local_bound),
-            settings.peer_host,
-            settings.peer_port,
+            ",".join(f"{h}:{p}" for h, p in self.peer_bound),
         )
 
     async def close(self) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rallypoint.model import DEFAULT_LOCAL_PORT, DEFAULT_MASTER_PORT, DEFAULT_PEER_PORT, FRAMEWORKS
+from rallypoint.model import (
+    DEFAULT_FRAMEWORKS,
+    DEFAULT_JAX_PORT,
+    DEFAULT_LOCAL_PORT,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_PEER_PORT,
+)
 
 Scope = Literal["auto", "all", "master"]
 MasterAddrMode = Literal["name", "ip"]
@@ -32,6 +38,9 @@ class Settings:
     port_range: tuple[int, int] = (20000, 29999)
     #: Preferred TF worker port; when taken, the next free port in port_range.
     tf_port: int = 2222
+    #: Preferred JAX coordinator port (master only, with jax served); a user-set
+    #: JAX_COORDINATOR_ADDRESS's port still wins.
+    jax_port: int = DEFAULT_JAX_PORT
 
     # Deadlines and backoff.
     deadline_s: float = 300.0
@@ -57,7 +66,7 @@ class Settings:
     probe_workers: int = 64
 
     # What is served.
-    frameworks: frozenset[str] = FRAMEWORKS
+    frameworks: frozenset[str] = DEFAULT_FRAMEWORKS
     nproc_per_node: int = 1
     tf_layout: str = "workers"
     sets: tuple[tuple[str, str], ...] = ()  # --set KEY=VALUE, in order

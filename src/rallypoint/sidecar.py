@@ -12,9 +12,9 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from rallypoint import derive, netinfo, ports, providers, resolve, server
+from rallypoint import derive, netinfo, ports, providers, resolve, server, tfconfig
 from rallypoint.auth import Authenticator
-from rallypoint.errors import ClusterSpecError, PortError
+from rallypoint.errors import ClusterSpecError, PortError, TFConfigError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, OverrideSource
 from rallypoint.probe import ProbeRoute
@@ -115,6 +115,7 @@ class Sidecar:
                 resolve.SystemResolver(settings.resolve_workers)
             )
         user = derive.user_values(self.environ, settings.sets)
+        derive.check_values(user)  # a malformed value could never be served: exit 2 now
         auth = Authenticator(settings.token)
         if not auth.enabled:
             log.warning(
@@ -185,13 +186,16 @@ class Sidecar:
     def _reserve(
         self, spec: ClusterSpec, user: Mapping[str, tuple[str, OverrideSource]]
     ) -> dict[str, ports.HeldPort]:
-        """Hold MASTER_PORT (master), the TF worker port (when TF_CONFIG is served) and the
-        probe port (when connections are checked)."""
+        """Hold MASTER_PORT and the JAX coordinator port (master), the TF worker port (when
+        TF_CONFIG is served) and the probe port (when connections are checked)."""
         settings = self.settings
         held: dict[str, ports.HeldPort] = {}
         try:
             if spec.is_master:
                 held["master"] = self._reserve_master(spec, user)
+                if "jax" in settings.frameworks:
+                    avoid = set(self._avoid) | {p.port for p in held.values()}
+                    held["jax"] = self._reserve_jax(user, avoid)
             if "tf" in settings.frameworks:
                 avoid = set(self._avoid) | {p.port for p in held.values()}
                 held["tf"] = ports.reserve([settings.tf_port], settings.port_range, avoid=avoid)
@@ -222,13 +226,34 @@ class Sidecar:
                         f"MASTER_PORT={wanted} (from {source}) cannot be held on this node: "
                         f"{exc}; free it or unset MASTER_PORT"
                     ) from exc
-            # Not a port: derive reports override_invalid; reserve the usual way meanwhile.
+            # Not a port: check_values refused it before this point.
         preferred = [
             p
             for p in (settings.master_port, spec.preferred_port, settings.default_master_port)
             if p is not None
         ]
         return ports.reserve(preferred, settings.port_range, avoid=self._avoid)
+
+    def _reserve_jax(
+        self, user: Mapping[str, tuple[str, OverrideSource]], avoid: Collection[int]
+    ) -> ports.HeldPort:
+        """The coordinator port: exactly the user's JAX_COORDINATOR_ADDRESS port, if set."""
+        settings = self.settings
+        if "JAX_COORDINATOR_ADDRESS" in user:
+            text, source = user["JAX_COORDINATOR_ADDRESS"]
+            try:
+                _host, wanted = tfconfig.parse_address(text, "JAX_COORDINATOR_ADDRESS")
+            except TFConfigError:
+                wanted = None  # check_values refused it before this point
+            if wanted is not None:
+                try:
+                    return ports.reserve([wanted], settings.port_range, avoid=avoid, exact=True)
+                except PortError as exc:
+                    raise PortError(
+                        f"JAX_COORDINATOR_ADDRESS={text} (from {source}) names port {wanted}, "
+                        f"which cannot be held on this node: {exc}; free it or unset the variable"
+                    ) from exc
+        return ports.reserve([settings.jax_port], settings.port_range, avoid=avoid)
 
     # -- mDNS ---------------------------------------------------------------------------
 

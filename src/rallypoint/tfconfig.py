@@ -271,6 +271,15 @@ def _validate_task(value: object, present: bool, cluster: dict[str, list[str]]) 
         )
 
 
+def parse_address(address: object, where: str) -> tuple[str, int]:
+    """Return (normalized host, port) for a "host:port" address, TFConfigError otherwise.
+
+    The host is a host name, an IPv4 address or a bracketed IPv6 address (no zone id), as
+    gRPC, TensorFlow and JAX's coordinator read it; ``where`` names it in the error.
+    """
+    return _parse_address(address, where)
+
+
 def _parse_address(address: object, where: str) -> tuple[str, int]:
     """Return (normalized host, port) for a "host:port" address, TFConfigError otherwise."""
     if not isinstance(address, str):

@@ -117,6 +117,8 @@ class Verifier:
         ifname = route_ifname if self.settings.emit_ifname is not False else None
         # gloo binds the user's GLOO_SOCKET_IFNAME if set, else the one served here.
         bound = self._user_ifname() or ifname
+        if "jax" in self.settings.frameworks:
+            bound = None  # JAX's gloo reads no GLOO_SOCKET_IFNAME (docs/env-contract.md)
         self_reason, self_warning = self._judge_own(own, bound)
         if self_reason is not None:
             failures.insert(0, self_reason)
@@ -265,7 +267,11 @@ def judge_own(
         ), None
     if ifname is None:
         return self_loopback_reason(
-            host, loopback, detail=res.detail, emit_ifname=settings.emit_ifname is not False
+            host,
+            loopback,
+            detail=res.detail,
+            emit_ifname=settings.emit_ifname is not False,
+            jax="jax" in settings.frameworks,
         ), None
     return None, (
         f"{where}; gloo binds {ifname} (GLOO_SOCKET_IFNAME) instead, but stacks that advertise "

@@ -76,6 +76,7 @@ def encode_join(request: JoinRequest) -> bytes:
             "host": member.host,
             "addresses": list(member.addresses),
             "tf_port": member.tf_port,
+            "jax_port": member.jax_port,
             "probe_port": member.probe_port,
             "generation_seen": request.generation_seen,
         }
@@ -148,6 +149,7 @@ def encode_cluster_doc(doc: ClusterDoc) -> bytes:
                     "host": m.host,
                     "addresses": list(m.addresses),
                     "tf_port": m.tf_port,
+                    "jax_port": m.jax_port,
                     "probe_port": m.probe_port,
                 }
                 for m in doc.members
@@ -424,12 +426,14 @@ def _member(data: Mapping[str, object], where: str) -> Member:
         raise PeerMessageError(f"{where}: addresses must be a list of at most {MAX_ADDRESSES}")
     addresses = tuple(address(a, f"{where}: addresses[{i}]") for i, a in enumerate(raw_addresses))
     tf_port = data.get("tf_port")
+    jax_port = data.get("jax_port")
     probe_port = data.get("probe_port")
     return Member(
         rank=_int(data.get("rank"), f"{where}: rank", 0, MAX_NODES - 1),
         host=host_name(data.get("host"), f"{where}: host"),
         addresses=tuple(dict.fromkeys(addresses)),
         tf_port=None if tf_port is None else _int(tf_port, f"{where}: tf_port", 1, 65535),
+        jax_port=None if jax_port is None else _int(jax_port, f"{where}: jax_port", 1, 65535),
         probe_port=None
         if probe_port is None
         else _int(probe_port, f"{where}: probe_port", 1, 65535),

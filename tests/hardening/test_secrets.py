@@ -35,7 +35,7 @@ PLANTED = {
 }
 ENV_KEYS = (b"MASTER_ADDR", b"MASTER_PORT", b"TF_CONFIG", b"WORLD_SIZE", b"NODE_RANK", b"PET_")
 DOC_KEYS = {"session", "generation", "master_host", "master_port", "members"}
-MEMBER_KEYS = {"rank", "host", "addresses", "tf_port", "probe_port"}
+MEMBER_KEYS = {"rank", "host", "addresses", "tf_port", "probe_port", "jax_port"}
 
 
 class SecretServe(Serve):

@@ -124,6 +124,32 @@ def test_serve_with_a_bad_setting_exits_2_before_listening() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"RALLYPOINT_FRAMEWORKS": "jax", "JAX_COORDINATOR_ADDRESS": "main1"},
+            "error: JAX_COORDINATOR_ADDRESS from the environment: 'main1' is not host:port; "
+            "write it as host:port (an IPv6 host as [addr]:port)",
+        ),
+        (
+            {"MASTER_PORT": "http"},
+            "error: MASTER_PORT='http' from the environment is not a port: use an integer "
+            "from 1 to 65535",
+        ),
+    ],
+)
+def test_serve_with_a_malformed_user_value_exits_2_before_listening(
+    env: dict[str, str], line: str
+) -> None:
+    local = free_port()
+    proc = rallypoint(
+        "serve", "--local-port", str(local), "--peer-port", str(free_port()), "--no-mdns", env=env
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [line]
+
+
 def test_demo_prints_every_node_ready() -> None:
     proc = rallypoint("demo", "--nodes", "2", "--peer-port", str(free_port()),
                       "--master-port", str(free_port()))  # fmt: skip

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -51,7 +51,7 @@ def netns_session() -> Iterator[str | None]:
 def make_cluster(
     netns_session: str | None, request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[MakeCluster]:
-    """Factory: make_cluster(hosts=HOSTS, args=(), env=None) -> an up Cluster (closed after)."""
+    """Factory: make_cluster(hosts=HOSTS, args=(), env=None, family="ipv4") -> an up Cluster."""
     require(netns_session is None, f"multi-host tier: {netns_session}")
     made: list[harness.Cluster] = []
 
@@ -59,6 +59,8 @@ def make_cluster(
         hosts: Sequence[str] = HOSTS,
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        family: str = "ipv4",
+        environ_for: Callable[[harness.Cluster, harness.Node], Mapping[str, str]] | None = None,
         subnet: str = harness.SUBNET,
     ) -> harness.Cluster:
         extra = {"RALLYPOINT_TOKEN": TOKEN, **(env or {})}
@@ -67,6 +69,8 @@ def make_cluster(
             tmp_path / f"cluster{len(made)}",
             sidecar_args=(*FAST_ARGS, *args),
             sidecar_env=extra,
+            family=family,
+            environ_for=environ_for,
             subnet=subnet,
         )
         made.append(cluster)

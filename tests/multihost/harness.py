@@ -34,6 +34,11 @@ from typing import Any, TypeVar
 
 SUBNET = "10.213.0"
 PREFIX_LEN = 24
+#: IPv6 clusters (family "ipv6" or "dual"): unique local addresses, one /64 per bridge.
+SUBNET6 = "fd00:"
+PREFIX_LEN6 = 64
+#: Address families a Cluster can be built with.
+FAMILIES = ("ipv4", "ipv6", "dual")
 NETNS_DIR = Path("/run/netns")
 ETC_NETNS = Path("/etc/netns")
 #: Who owns which tag: one file per live run, so the sweeper leaves concurrent runs alone.
@@ -286,6 +291,13 @@ class Node:
     veth: str  # host side, in the root namespace: cutting it cuts this node off the bridge
     procs: list[Proc] = field(default_factory=list)
     sidecar: Proc | None = None
+    #: The node's IPv6 address in a dual-stack cluster (in an IPv6-only one, ``address``).
+    address6: str | None = None
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every cluster address of this node, IPv4 first."""
+        return tuple(a for a in (self.address, self.address6) if a is not None and a != "")
 
     # hosts file ---------------------------------------------------------------------------
 
@@ -581,7 +593,9 @@ class Cluster:
 
     ``hosts`` are the node names in orchestrator order (e.g. ``("sub1", "main1", "sub2")``);
     ``environ_for(cluster, node)`` returns the orchestrator variables of a node (default:
-    Backend.AI). ``sidecar_args`` are passed to every `rallypoint serve`.
+    Backend.AI). ``sidecar_args`` are passed to every `rallypoint serve`. ``family`` is
+    ``ipv4`` (the default), ``ipv6`` (only ``fd00::/64`` addresses on the bridge) or
+    ``dual`` (both; ``Node.address6`` holds the IPv6 one).
     """
 
     _serial = 0
@@ -595,8 +609,11 @@ class Cluster:
         sidecar_args: Sequence[str] = (),
         sidecar_env: Mapping[str, str] | None = None,
         environ_for: Callable[[Cluster, Node], Mapping[str, str]] | None = None,
+        family: str = "ipv4",
         subnet: str = SUBNET,
     ) -> None:
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
         if len(set(hosts)) != len(hosts) or not hosts:
             raise ValueError(f"host names must be unique and non-empty: {hosts!r}")
         if len(hosts) > 200:
@@ -614,15 +631,19 @@ class Cluster:
         self.sidecar_env = dict(sidecar_env or {})
         self.environ_for = environ_for or backendai_environ
         self.hosts = tuple(hosts)
+        self.family = family
         self.nodes: dict[str, Node] = {}
         for index, name in enumerate(hosts):
+            v4 = f"{subnet}.{index + 10}"
+            v6 = f"{SUBNET6}:{index + 10}"
             self.nodes[name] = Node(
                 cluster=self,
                 name=name,
                 index=index,
                 ns=f"{self.tag}-{Cluster._serial}-{name}",
-                address=f"{subnet}.{index + 10}",
+                address=v6 if family == "ipv6" else v4,
                 veth=f"{self.id}v{index}",
+                address6=v6 if family == "dual" else None,
             )
         self._forward_rule = False
         self._closed = False
@@ -651,7 +672,7 @@ class Cluster:
         for node in self:
             if node.name in entries:
                 continue
-            lines.append(f"{node.address}\t{node.name}")
+            lines.extend(f"{address}\t{node.name}" for address in node.addresses)
         return "\n".join(lines) + "\n"
 
     def up(self) -> None:
@@ -697,10 +718,23 @@ class Cluster:
                  f"echo 0 > /proc/sys/net/ipv6/conf/{IFNAME}/accept_dad"],
                 check=False,
             )  # fmt: skip
-            _sh([*inside, "addr", "add", f"{node.address}/{PREFIX_LEN}", "dev", IFNAME])
+            for address in node.addresses:
+                length = PREFIX_LEN6 if ":" in address else PREFIX_LEN
+                _sh(
+                    [
+                        *inside,
+                        "addr",
+                        "add",
+                        f"{address}/{length}",
+                        "dev",
+                        IFNAME,
+                        *(("nodad",) if ":" in address else ()),
+                    ]
+                )
             _sh([*inside, "link", "set", IFNAME, "up"])
-            # Multicast needs a route; unicast outside the subnet has none, on purpose.
-            _sh([*inside, "route", "add", "224.0.0.0/4", "dev", IFNAME])
+            if self.family != "ipv6":
+                # Multicast needs a route; unicast outside the subnet has none, on purpose.
+                _sh([*inside, "route", "add", "224.0.0.0/4", "dev", IFNAME])
 
     # orchestrator variables ----------------------------------------------------------------
 

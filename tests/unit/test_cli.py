@@ -311,7 +311,7 @@ BAD_INPUTS = [
     ([], {"RALLYPOINT_BACKOFF_MAX": "soon"}, "RALLYPOINT_BACKOFF_MAX"),
     (["--backoff-initial", "3", "--backoff-max", "1"], {}, "--backoff-initial"),
     (["--nproc-per-node", "0"], {}, "--nproc-per-node"),
-    (["--frameworks", "torch,jax"], {}, "--frameworks"),
+    (["--frameworks", "torch,mxnet"], {}, "--frameworks"),
     ([], {"RALLYPOINT_FRAMEWORKS": ","}, "RALLYPOINT_FRAMEWORKS"),
     (["--tf-layout", "ps:0"], {}, "--tf-layout"),
     (["--provider", "yarn"], {}, "--provider"),
@@ -324,6 +324,10 @@ BAD_INPUTS = [
     ([], {"RALLYPOINT_DISCOVERY": "mdns", "RALLYPOINT_NNODES": "2"}, "mdns"),
     ([], {"MASTER_PORT": "http"}, "MASTER_PORT"),
     ([], {"TF_CONFIG": '{"cluster": {}, "task": {"type": "worker", "index": -1}}'}, "TF_CONFIG"),
+    ([], {"RALLYPOINT_FRAMEWORKS": "torch,caffe"}, "'caffe'"),
+    (["--frameworks", "jax"], {"JAX_COORDINATOR_ADDRESS": "main1"}, "'main1' is not host:port"),
+    (["--frameworks", "jax", "--set", "JAX_COORDINATOR_ADDRESS=fd00::1:80"], {}, "[fd00::1]:80"),
+    (["--jax-port", "0"], {}, "--jax-port"),
 ]
 
 

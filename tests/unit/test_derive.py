@@ -369,7 +369,7 @@ def test_agreeing_aliases_are_fine() -> None:
 @pytest.mark.parametrize(
     ("make_spec", "options", "match"),
     [
-        (lambda: spec(), {"frameworks": frozenset({"jax"})}, "unknown framework"),
+        (lambda: spec(), {"frameworks": frozenset({"mxnet"})}, "unknown framework"),
         (lambda: spec(), {"nproc_per_node": 0}, "at least 1"),
         (lambda: spec(), {"tf_layout": "ring"}, "TF layout"),
         (lambda: ClusterSpec("mdns", (), -1, 3, "s"), {}, "no host list yet"),

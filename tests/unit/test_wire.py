@@ -173,3 +173,15 @@ def test_parsers_never_crash(body: bytes) -> None:
     ):
         with contextlib.suppress(PeerMessageError):
             parse(body)
+
+
+def test_the_coordinator_port_round_trips_and_is_checked() -> None:
+    member = Member(rank=0, host="main1", addresses=("10.0.0.1",), tf_port=2222, jax_port=8476)
+    doc = ClusterDoc("s", "g.1", "main1", 29500, (member,))
+    assert wire.parse_cluster_doc(wire.encode_cluster_doc(doc)).members[0].jax_port == 8476
+    body = json.loads(wire.encode_cluster_doc(doc))
+    del body["members"][0]["jax_port"]  # a sidecar that serves no JAX sends none
+    assert wire.parse_cluster_doc(json.dumps(body).encode()).members[0].jax_port is None
+    body["members"][0]["jax_port"] = 70000
+    with pytest.raises(PeerMessageError, match="jax_port"):
+        wire.parse_cluster_doc(json.dumps(body).encode())

@@ -1,0 +1,49 @@
+"""The peer API's wildcard address listens on IPv4 and IPv6; a specific address alone."""
+
+from __future__ import annotations
+
+import socket
+
+import aiohttp
+
+from rallypoint.model import ClusterSpec
+from rallypoint.sidecar import Sidecar
+from tests.conftest import require
+from tests.fakes import FakeResolver
+from tests.inprocess.test_rendezvous import SESSION, base_settings, free_port
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+async def ready_answer(url: str) -> int:
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        return resp.status
+
+
+async def test_the_wildcard_peer_address_also_listens_on_ipv6() -> None:
+    require(ipv6_loopback(), "IPv6 is not available on loopback")
+    peer_port = free_port()
+    settings = base_settings(local_port=free_port(), peer_port=peer_port, peer_host="0.0.0.0")
+    spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
+    async with Sidecar(settings, {}, resolver=FakeResolver(), spec=spec) as sidecar:
+        assert sidecar.listeners is not None
+        assert sidecar.listeners.peer_bound == [("0.0.0.0", peer_port), ("::", peer_port)]
+        # /v1/ready needs no signature without a token: any answer proves the listener.
+        assert await ready_answer(f"http://[::1]:{peer_port}/v1/ready") == 200
+        assert await ready_answer(f"http://127.0.0.1:{peer_port}/v1/ready") == 200
+
+
+async def test_a_specific_peer_address_is_the_only_one() -> None:
+    peer_port = free_port()
+    settings = base_settings(local_port=free_port(), peer_port=peer_port, peer_host="127.0.0.1")
+    spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
+    async with Sidecar(settings, {}, resolver=FakeResolver(), spec=spec) as sidecar:
+        assert sidecar.listeners is not None
+        assert sidecar.listeners.peer_bound == [("127.0.0.1", peer_port)]

@@ -1,0 +1,96 @@
+"""Real framework clients across a namespace cluster, each started by `rallypoint exec`.
+
+Every client script prints ``RESULT {json}`` once per process; ``run_clients`` starts one
+command per node, waits for all of them and collects those lines.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import require
+from tests.multihost import harness
+
+HERE = Path(__file__).parent
+#: Keep the clients small on a shared two-core machine.
+QUIET_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+}
+
+
+def require_module(module: str, install: str) -> None:
+    """Skip (fail in CI) when a framework is not installed."""
+    require(importlib.util.find_spec(module) is not None, f"{module} is not installed ({install})")
+
+
+def rallypoint_exec(command: Sequence[str], *, timeout_s: float = 120.0) -> list[str]:
+    """`rallypoint exec -- COMMAND`: wait for the local sidecar, then run with its env."""
+    return [sys.executable, "-m", "rallypoint", "exec", "--timeout", f"{timeout_s:g}", "--",
+            *command]  # fmt: skip
+
+
+def python(script: str, *args: str) -> list[str]:
+    return [sys.executable, str(HERE / script), *args]
+
+
+def venv_tool(name: str) -> str:
+    """A console script installed beside this interpreter (torchrun, deepspeed)."""
+    return str(Path(sys.executable).with_name(name))
+
+
+@dataclass
+class Outcome:
+    """What one node's client did: exit code (None: killed at the timeout) and its results."""
+
+    code: int | None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    log: str = ""
+
+
+def run_clients(
+    nodes: Sequence[harness.Node],
+    command: Callable[[harness.Node], Sequence[str]],
+    *,
+    timeout_s: float,
+    label: str,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Outcome]:
+    """Start command(node) on every node at once; wait for all; name -> Outcome."""
+    merged = {**QUIET_ENV, **(env or {})}
+    procs = {node.name: node.spawn(command(node), env=merged, label=label) for node in nodes}
+    deadline = time.monotonic() + timeout_s
+    outcomes: dict[str, Outcome] = {}
+    for name, proc in procs.items():
+        try:
+            code: int | None = proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = None
+        text = proc.log()
+        results = [
+            json.loads(line.split("RESULT ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("RESULT ")
+        ]
+        outcomes[name] = Outcome(code, results, text)
+    return outcomes
+
+
+def describe(outcomes: Mapping[str, Outcome], tail_lines: int = 25) -> str:
+    """Exit codes and log tails, for assertion messages."""
+    parts = []
+    for name, outcome in outcomes.items():
+        tail = "\n".join(outcome.log.splitlines()[-tail_lines:])
+        parts.append(f"--- {name}: exit {outcome.code}\n{tail}")
+    return "\n".join(parts)

@@ -1,0 +1,77 @@
+"""torchrun across the namespaces, launched by `rallypoint exec` with two processes per node.
+
+Static rendezvous reads everything from the served PET_* (no flag at all); c10d takes the
+served MASTER_ADDR:MASTER_PORT as its endpoint. rallypoint serves no PET_RDZV_* variable
+(docs/env-contract.md says why), so the c10d line names them.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from tests.multihost import clients, harness
+from tests.multihost.conftest import MakeCluster
+
+pytestmark = [pytest.mark.multihost, pytest.mark.torch, pytest.mark.timeout(900)]
+
+READY_S = 40.0
+JOB_S = 300.0  # nine torch imports (three agents, six workers) on two shared cores
+NPROC = 2
+
+#: torchrun with no flags: static rendezvous, every value from the served PET_*.
+STATIC = "static"
+#: c10d: the endpoint from the served env (expanded by the shell that `exec` starts).
+C10D = (
+    'exec "$0" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" '
+    '--rdzv-id "$RALLYPOINT_GENERATION" "$1"'
+)
+
+
+def torchrun_command(backend: str) -> list[str]:
+    script = str(clients.HERE / "torchrun_allreduce.py")
+    if backend == STATIC:
+        return clients.rallypoint_exec([clients.venv_tool("torchrun"), script])
+    return clients.rallypoint_exec(["sh", "-c", C10D, clients.venv_tool("torchrun"), script])
+
+
+@pytest.mark.parametrize("family", ["ipv4", "ipv6", "dual"])
+@pytest.mark.parametrize("backend", [STATIC, "c10d"])
+def test_torchrun_runs_two_processes_per_node_on_the_served_env(
+    make_cluster: MakeCluster, backend: str, family: str
+) -> None:
+    clients.require_module("torch", "pip install torch==2.13.0")
+    cluster = make_cluster(args=("--nproc-per-node", str(NPROC)), family=family)
+    cluster.start_all()
+    served = cluster.wait_all_ready(READY_S)
+    order = harness.backendai_order(cluster.hosts)
+    master_port = int(served["main1"]["MASTER_PORT"])
+    for name, values in served.items():
+        assert values["PET_NPROC_PER_NODE"] == str(NPROC)
+        assert values["WORLD_SIZE"] == "6"
+        assert values["PET_NODE_RANK"] == str(order.index(name))
+        assert values["PET_MASTER_ADDR"] == "main1"
+        assert int(values["PET_MASTER_PORT"]) == master_port
+        # torchrun sets these per process; serving them would contradict it.
+        assert not {"RANK", "LOCAL_RANK", "PET_RDZV_ENDPOINT", "PET_RDZV_BACKEND"} & set(values)
+    assert cluster["main1"].try_bind(master_port) == errno.EADDRINUSE
+
+    outcomes = clients.run_clients(
+        list(cluster), lambda node: torchrun_command(backend), timeout_s=JOB_S, label="torchrun"
+    )
+
+    report = clients.describe(outcomes)
+    ranks: list[int] = []
+    for name, outcome in outcomes.items():
+        assert outcome.code == 0 and len(outcome.results) == NPROC, report
+        for result in outcome.results:
+            assert result["ok"] and result["sum"] == result["expected"] == 21.0, report
+            assert result["world_size"] == 6 and result["host"] == name
+            assert sorted(result["hosts"]) == sorted(cluster.hosts * NPROC)
+            ranks.append(result["rank"])
+        if backend == STATIC:
+            # Static rendezvous keeps the served node rank: the master's processes are 0, 1.
+            node_rank = order.index(name)
+            assert sorted(r["rank"] for r in outcome.results) == [2 * node_rank, 2 * node_rank + 1]
+    assert sorted(ranks) == list(range(6))
