@@ -3,7 +3,8 @@
 What is tried, for one cluster document (docs/readiness.md, "Connections"):
 
 * every worker reaches the master port at the address the master's name resolves to on
-  that worker, and the master's sidecar answers there (a window on the held port);
+  that worker, and the master's sidecar answers there (a window on the held port); with
+  JAX served, the coordinator port the same way;
 * every node reaches each peer in its scope on that peer's probe port, held in the
   ephemeral range where gloo and NCCL listen, so a firewall that opens only the peer API
   port fails the check as it would fail the job;
@@ -34,7 +35,7 @@ from rallypoint.settings import Settings
 log = logging.getLogger("rallypoint.rendezvous")
 
 #: Window kinds, by the name of the held port they open on.
-WINDOW_KINDS = ("master", "tf", "probe")
+WINDOW_KINDS = ("master", "jax", "tf", "probe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ def plan(
     addresses: Mapping[int, str],
     *,
     tf: bool,
+    jax: bool = False,
 ) -> list[Target]:
     """The connections this node tries for ``doc``: peers in ``ranks`` with a known address."""
     targets: list[Target] = []
@@ -64,6 +66,8 @@ def plan(
         member, address = doc.members[rank], addresses[rank]
         if rank == 0:
             targets.append(Target("master", 0, member.host, address, doc.master_port))
+            if jax and member.jax_port is not None:
+                targets.append(Target("jax", 0, member.host, address, member.jax_port))
         if member.probe_port is not None:
             targets.append(Target("probe", rank, member.host, address, member.probe_port))
         if tf and member.tf_port is not None:

@@ -21,7 +21,11 @@ from rallypoint.model import ClusterDoc, ClusterSpec, Member
 from rallypoint.reasons import Reason
 
 #: Failure codes a busy window excuses: the job already listens on that port (see _excused).
-_WINDOW_CODES = {"master_port_unreachable": "master", "tf_port_unreachable": "tf"}
+_WINDOW_CODES = {
+    "master_port_unreachable": "master",
+    "jax_port_unreachable": "jax",
+    "tf_port_unreachable": "tf",
+}
 
 
 class JoinRejected(PeerMessageError):

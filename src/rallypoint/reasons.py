@@ -100,11 +100,13 @@ def self_loopback_reason(
 #: Reason codes of failed connection probes, by the kind of port probed.
 UNREACHABLE_CODES = {
     "master": "master_port_unreachable",
+    "jax": "jax_port_unreachable",
     "probe": "peer_unreachable",
     "tf": "tf_port_unreachable",
 }
 _PORT_KINDS = {
     "master": "the master port",
+    "jax": "the JAX coordinator port",
     "probe": "a port in its ephemeral range, where gloo and NCCL listen",
     "tf": "its TF worker port",
 }

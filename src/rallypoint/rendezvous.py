@@ -622,7 +622,10 @@ class Rendezvous:
         addresses = connectivity.verified_addresses(
             doc, ranks, {rank: self.peers[rank].resolution for rank in ranks}
         )
-        return connectivity.plan(spec, doc, ranks, addresses, tf="tf" in self.settings.frameworks)
+        frameworks = self.settings.frameworks
+        return connectivity.plan(
+            spec, doc, ranks, addresses, tf="tf" in frameworks, jax="jax" in frameworks
+        )
 
     def _verifier(self) -> Verifier:
         if self._verify is None:

@@ -201,7 +201,7 @@ MAX_PENDING = 64
 #: Largest report or verdict accepted.
 MAX_REPORT_BYTES = 64 * 1024
 _CODE = re.compile(r"[a-z_]{1,40}")
-_WINDOW_KINDS = frozenset({"master", "tf", "probe"})
+_WINDOW_KINDS = frozenset({"master", "jax", "tf", "probe"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -353,3 +353,36 @@ async def test_a_flood_on_the_windows_leaves_the_api_and_the_verdict_intact(
         for writer in strangers:
             writer.close()
         await c.close()
+
+
+async def test_the_jax_coordinator_port_is_probed_when_jax_is_served() -> None:
+    """With jax served the master's coordinator port gets a window too; a worker cut off from
+    it (here: steered to a closed port) names it, and the cluster is not ready."""
+    jax_on = {"frameworks": frozenset({"torch", "jax"}), **FAST}
+    c = Steered(2, per_node={rank: dict(jax_on) for rank in range(2)})
+    try:
+        await c.start(0)
+        jax_port = c.nodes[0].node.held["jax"].port
+        windows = c.nodes[0].node.windows
+        assert windows is not None
+        await until(lambda: windows.state.get("jax") == "open")
+        original = c.route_for(1)
+        cut_off = closed_port()
+
+        def route(host: str, address: str, port: int) -> tuple[str, int]:
+            return ("127.0.0.1", cut_off) if port == jax_port else original(host, address, port)
+
+        c.route = route  # type: ignore[method-assign]
+        await c.start(1)
+        await until(lambda: "jax_port_unreachable" in codes(c.nodes[0]))
+        reason = next(r for r in c.nodes[0].node.reasons() if r.code == "jax_port_unreachable")
+        assert f"tcp/{jax_port}" in reason.message and "JAX coordinator" in reason.message
+        assert reason.detail == "refused" and reason.ranks == (1, 0)
+        c.route = original  # type: ignore[method-assign]
+        await c.stop(1)
+        await c.start(1)  # the same worker without the fault
+        await all_ready(c)
+        sent = c.nodes[1].node.metrics.value("rallypoint_probes_sent_total", kind="jax", cause="ok")
+        assert sent >= 1
+    finally:
+        await c.close()
