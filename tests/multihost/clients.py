@@ -78,13 +78,20 @@ def run_clients(
             proc.kill()
             code = None
         text = proc.log()
-        results = [
-            json.loads(line.split("RESULT ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("RESULT ")
-        ]
+        results = parse_results(text)
         outcomes[name] = Outcome(code, results, text)
     return outcomes
+
+
+def parse_results(text: str) -> list[dict[str, Any]]:
+    """Every ``RESULT {json}`` in a log, also where processes sharing it wrote on one line."""
+    decoder = json.JSONDecoder()
+    results = []
+    for line in text.splitlines():
+        for chunk in line.split("RESULT ")[1:]:
+            value, _ = decoder.raw_decode(chunk)
+            results.append(value)
+    return results
 
 
 def describe(outcomes: Mapping[str, Outcome], tail_lines: int = 25) -> str:

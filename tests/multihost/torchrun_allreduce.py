@@ -28,23 +28,20 @@ def main() -> int:
     dist.destroy_process_group()
     expected = world * (world + 1) / 2
     ok = tensor.item() == expected and None not in hosts
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "ok": ok,
-                "rank": rank,
-                "local_rank": int(os.environ["LOCAL_RANK"]),
-                "world_size": world,
-                "sum": tensor.item(),
-                "expected": expected,
-                "hosts": hosts,
-                "host": socket.gethostname(),
-                "group_rank": os.environ.get("GROUP_RANK"),
-            }
-        ),
-        flush=True,
-    )
+    result = {
+        "ok": ok,
+        "rank": rank,
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "world_size": world,
+        "sum": tensor.item(),
+        "expected": expected,
+        "hosts": hosts,
+        "host": socket.gethostname(),
+        "group_rank": os.environ.get("GROUP_RANK"),
+    }
+    # Two processes per node share one log: one write() per line keeps the lines whole
+    # (print() may write the text and its newline separately, and they then interleave).
+    os.write(1, ("RESULT " + json.dumps(result) + "\n").encode())
     return 0 if ok else 1
 
 
