@@ -102,10 +102,6 @@ class Windows:
         self.state: dict[str, str] = {kind: "closed" for kind in held if kind in WINDOW_KINDS}
         self._open = False
 
-    @property
-    def is_open(self) -> bool:
-        return self._open
-
     async def open(self) -> None:
         """Open every window that is not open yet; idempotent."""
         if self._open:
