@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rallypoint import probe, resolve
+from rallypoint import names, probe
 from rallypoint.auth import Authenticator
 from rallypoint.errors import PortError
 from rallypoint.metrics import Metrics
@@ -209,7 +209,7 @@ class Prober:
 
 
 def verified_addresses(
-    doc: ClusterDoc, ranks: Sequence[int], resolutions: Mapping[int, resolve.Resolution | None]
+    doc: ClusterDoc, ranks: Sequence[int], resolutions: Mapping[int, names.Resolution | None]
 ) -> dict[int, str]:
     """rank -> the address to probe, for the ranks whose names were checked here."""
     out: dict[int, str] = {}

@@ -1,15 +1,11 @@
-"""Why a node is not ready: Reason values with stable codes (docs/readiness.md) and their makers."""
+"""Why a node is not ready: Reason values with stable codes; name reasons are in names.py."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rallypoint.errors import AuthError
-
-if TYPE_CHECKING:  # resolve.py is I/O; reasons only read a finished Resolution
-    from rallypoint.resolve import Resolution
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,53 +43,6 @@ def discovering_reason(nnodes: int, seen: Sequence[str]) -> Reason:
         + (f" ({names})" if names else "")
         + "; start the others, or check that multicast reaches every node",
         detail=f"{len(seen)}/{nnodes}",
-    )
-
-
-def loopback_reason(host: str, res: Resolution) -> Reason:
-    """Not ready because a peer's name resolves to loopback here."""
-    return Reason(
-        "loopback_peer",
-        f"peer {host} resolves to loopback ({', '.join(res.addresses)}) on this node, which "
-        "would connect to itself; map the name to the peer's cluster address in /etc/hosts "
-        "or DNS",
-        host=host,
-        detail=res.detail,
-    )
-
-
-def self_loopback_reason(
-    host: str,
-    loopback: Sequence[str],
-    *,
-    detail: str | None,
-    emit_ifname: bool,
-    jax: bool = False,
-) -> Reason:
-    """Not ready because this node's own name resolves to loopback and no interface is pinned."""
-    # Without GLOO_SOCKET_IFNAME gloo binds and publishes what its own host name resolves to,
-    # and peers whose address sorts above it dial loopback (measured: docs/loopback.md).
-    # JAX's gloo (XLA's; jax 0.10.2) reads no GLOO_SOCKET_IFNAME: measured, its context
-    # fails with "Connection refused, remote=[127.0.1.1]" where torch's gloo succeeds.
-    where = f"this node's own name {host} resolves to loopback ({', '.join(loopback)})"
-    fix = f"map {host} to its cluster address in /etc/hosts"
-    if jax:
-        remedy = f"JAX's gloo ignores GLOO_SOCKET_IFNAME, so {fix}"
-    elif emit_ifname:
-        remedy = (
-            "no interface that routes to the master was found to serve as "
-            f"GLOO_SOCKET_IFNAME, so {fix}"
-        )
-    else:
-        remedy = (
-            f"{fix}, or drop --no-emit-ifname so GLOO_SOCKET_IFNAME pins the interface that "
-            "routes to the master"
-        )
-    return Reason(
-        "self_loopback",
-        f"{where}, which gloo would publish to its peers; {remedy} (see docs/loopback.md)",
-        host=host,
-        detail=detail,
     )
 
 

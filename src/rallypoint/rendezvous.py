@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from rallypoint import connectivity, netinfo, probe, resolve, wire
+from rallypoint import connectivity, names, netinfo, probe, resolve, wire
 from rallypoint.auth import Authenticator
 from rallypoint.clustercheck import GenerationCheck, cancel_quietly, http_transport, local_transport
 from rallypoint.masterbook import JoinRejected, MasterBook
@@ -33,7 +33,7 @@ from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSourc
 from rallypoint.peerhttp import PeerClient, PeerDown
 from rallypoint.ports import HeldPort
 from rallypoint.reasons import Reason, auth_reason, discovering_reason
-from rallypoint.resolve import Resolver, Verdict
+from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
 from rallypoint.verify import PeerState, Verifier, round_s
 from rallypoint.worker import Backoff, PeerEndpoint, Worker
@@ -482,7 +482,7 @@ class Rendezvous:
     async def _poke(self, host: str) -> None:
         """Best effort: tell a worker's peer API to re-join now."""
         res = await resolve.check(self.resolver, host, None, timeout_s=POKE_TIMEOUT_S)
-        if res.verdict is Verdict.LOOPBACK and not self.accept_loopback:
+        if names.dials_self(res, accept_loopback=self.accept_loopback):
             # A worker's name on loopback here would poke ourselves.
             self.metrics.pokes_sent.labels("skipped").inc()
             return

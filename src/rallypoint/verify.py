@@ -7,12 +7,13 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from rallypoint import derive, netinfo, resolve
+from rallypoint import derive, names, netinfo, resolve
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, DeriveOptions, Env, Member, OverrideSource
-from rallypoint.reasons import Reason, loopback_reason, self_loopback_reason
-from rallypoint.resolve import Resolution, Resolver, Verdict
+from rallypoint.names import Resolution
+from rallypoint.reasons import Reason
+from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
 
 # The rendezvous logs under one name, whichever module of it speaks.
@@ -103,7 +104,7 @@ class Verifier:
     async def check(self, doc: ClusterDoc) -> Checked:
         """Resolve our own name and every peer name in scope; what failed and why."""
         spec = self.spec
-        ranks = resolve.scope_ranks(
+        ranks = names.scope_ranks(
             spec.nnodes, spec.rank, self.settings.resolve_scope, seed=doc.session
         )
         peers = [r for r in ranks if r != spec.rank]
@@ -111,7 +112,7 @@ class Verifier:
             peer.in_scope = peer.rank in ranks
         own = await self._check_own(doc.members[spec.rank])
         results = await asyncio.gather(*(self._verify_peer(doc, doc.members[r]) for r in peers))
-        failures = [r for r in (self.peer_reason(res) for res in results) if r is not None]
+        failures = [r for r in (self._peer_reason(res) for res in results) if r is not None]
         master_ip = self._master_address(doc, own)
         route_ifname = await self._route_ifname(master_ip)
         ifname = route_ifname if self.settings.emit_ifname is not False else None
@@ -166,7 +167,7 @@ class Verifier:
     def _judge_own(self, res: Resolution, ifname: str | None) -> tuple[Reason | None, str | None]:
         """judge_own for this node; a lone node has no peer to misroute."""
         accept = self.accept_loopback or self.spec.nnodes == 1
-        return judge_own(res, self.settings, accept_loopback=accept, ifname=ifname)
+        return names.judge_own(res, self.settings, accept_loopback=accept, ifname=ifname)
 
     def _user_ifname(self) -> str | None:
         user = self.user.get("GLOO_SOCKET_IFNAME")
@@ -186,11 +187,10 @@ class Verifier:
         )
         self.metrics.resolutions.labels(str(res.verdict)).inc()
         peer.resolution = res
-        if self.peer_reason(res) is None:
+        reason = self._peer_reason(res)
+        if reason is None:
             return res
         # Show the first failure at once; the retries below may take until the deadline.
-        reason = self.peer_reason(res)
-        assert reason is not None
         self._on_peer_failure(doc, member.host, reason)
         res = await resolve.verify(
             self.resolver,
@@ -207,26 +207,8 @@ class Verifier:
         peer.resolution = res
         return res
 
-    def peer_reason(self, res: Resolution) -> Reason | None:
-        """Why a peer's resolution fails verification, or None when it passes."""
-        if res.verdict is Verdict.OK:
-            return None
-        if res.verdict is Verdict.LOOPBACK:
-            return None if self.accept_loopback else loopback_reason(res.host, res)
-        if res.verdict is Verdict.MISMATCH:
-            return Reason(
-                "address_mismatch",
-                f"peer {res.host} resolves here to an address it did not report; "
-                "fix its DNS or /etc/hosts entry",
-                host=res.host,
-                detail=res.detail,
-            )
-        return Reason(
-            "resolve_failed",
-            f"peer {res.host} does not resolve here ({res.verdict}); wait for DNS or fix it",
-            host=res.host,
-            detail=res.detail,
-        )
+    def _peer_reason(self, res: Resolution) -> Reason | None:
+        return names.peer_reason(res, accept_loopback=self.accept_loopback)
 
     def _master_address(self, doc: ClusterDoc, own: Resolution) -> str | None:
         """The master's verified address: resolved here and reported by the master."""
@@ -239,50 +221,6 @@ class Verifier:
         if master.addresses:
             return master.addresses[0]
         return resolved[0] if resolved else None
-
-
-def judge_own(
-    res: Resolution, settings: Settings, *, accept_loopback: bool, ifname: str | None
-) -> tuple[Reason | None, str | None]:
-    """This node's own name: (why it is not ready, or None; a warning for /status, or None).
-
-    On loopback it is fatal (``self_loopback``) unless loopback is accepted or ``ifname`` names
-    the interface gloo binds instead (GLOO_SOCKET_IFNAME); with --strict-self anything but OK
-    is fatal (``strict_self``), ``ifname`` or not.
-    """
-    if res.verdict is Verdict.OK or (res.verdict is Verdict.LOOPBACK and accept_loopback):
-        return None, None
-    host = res.host
-    if res.verdict is not Verdict.LOOPBACK:
-        text = f"this node's own name {host} does not check out: {res.detail}"
-        if settings.strict_self:
-            return _strict_self(host, res, text), None
-        return None, text
-    loopback = [address for address in res.addresses if resolve.is_loopback(address)]
-    where = f"this node's own name {host} resolves to loopback ({', '.join(loopback)})"
-    if settings.strict_self:
-        # Stacks that advertise their own resolved name ignore GLOO_SOCKET_IFNAME.
-        return _strict_self(
-            host, res, f"{where}; map {host} to its cluster address in /etc/hosts"
-        ), None
-    if ifname is None:
-        return self_loopback_reason(
-            host,
-            loopback,
-            detail=res.detail,
-            emit_ifname=settings.emit_ifname is not False,
-            jax="jax" in settings.frameworks,
-        ), None
-    return None, (
-        f"{where}; gloo binds {ifname} (GLOO_SOCKET_IFNAME) instead, but stacks that advertise "
-        f"their own resolved name would not: map {host} to its cluster address in /etc/hosts"
-    )
-
-
-def _strict_self(host: str, res: Resolution, text: str) -> Reason:
-    return Reason(
-        "strict_self", f"{text} (fatal with --strict-self)", host=host, detail=str(res.verdict)
-    )
 
 
 def round_s(value: float | None) -> float | None:

@@ -9,14 +9,14 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from rallypoint import resolve, wire
+from rallypoint import names, resolve, wire
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.masterbook import JoinRejected
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, Member
 from rallypoint.peerhttp import PeerClient, PeerDown
-from rallypoint.reasons import Reason, auth_reason, loopback_reason
-from rallypoint.resolve import Resolver, Verdict
+from rallypoint.reasons import Reason, auth_reason
+from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
 from rallypoint.verify import PeerState
 
@@ -25,8 +25,6 @@ log = logging.getLogger("rallypoint.rendezvous")
 
 #: (host name, verified address) -> (address to connect to, peer API port).
 PeerEndpoint = Callable[[str, str], tuple[str, int]]
-
-_RESOLVE_FAILED = frozenset({Verdict.NOT_FOUND, Verdict.TIMED_OUT})
 
 
 class _Rejoin(Exception):
@@ -179,17 +177,8 @@ class Worker:
             )
             self.metrics.resolutions.labels(str(res.verdict)).inc()
             self._master_peer.resolution = res
-            problem: Reason
-            if res.verdict in _RESOLVE_FAILED:
-                problem = Reason(
-                    "resolve_failed",
-                    f"the master's name {master} does not resolve here; wait for DNS or fix it",
-                    host=master,
-                    detail=res.detail,
-                )
-            elif res.verdict is Verdict.LOOPBACK and not self.accept_loopback:
-                problem = loopback_reason(master, res)
-            else:
+            problem = names.master_reason(res, accept_loopback=self.accept_loopback)
+            if problem is None:
                 problem = Reason("master_unreachable", f"no address of {master}", host=master)
                 for address in res.addresses:
                     target = self._endpoint(master, address)

@@ -23,11 +23,10 @@ from rallypoint import netinfo, ports
 from rallypoint.auth import Authenticator
 from rallypoint.errors import AuthError, PortError
 from rallypoint.model import ClusterSpec
+from rallypoint.names import Resolution, Verdict, judge_own
 from rallypoint.rendezvous import auth_reason
-from rallypoint.resolve import Resolution, Verdict
 from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
-from rallypoint.verify import judge_own
 from tests.fakes import FakeResolver
 
 SESSION = "sess-1"

@@ -7,16 +7,8 @@ import socket
 
 import pytest
 
-from rallypoint.resolve import (
-    AUTO_ALL_MAX_NODES,
-    Resolution,
-    SystemResolver,
-    Verdict,
-    check,
-    is_loopback,
-    scope_ranks,
-    verify,
-)
+from rallypoint.names import AUTO_ALL_MAX_NODES, Resolution, Verdict, is_loopback, scope_ranks
+from rallypoint.resolve import SystemResolver, check, verify
 from tests.fakes import FakeResolver
 
 # A deadline far enough away that only the test's own asyncio.timeout can end a hang.

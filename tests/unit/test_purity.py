@@ -19,6 +19,7 @@ PURE = [
     "rallypoint.wire",
     "rallypoint.discovery",
     "rallypoint.reasons",
+    "rallypoint.names",
     "rallypoint.hostfile",
 ]
 FORBIDDEN = ["asyncio", "socket", "aiohttp", "zeroconf"]
