@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from rallypoint import tfconfig
+from rallypoint import names, tfconfig
 from rallypoint.errors import ConfigError, OverrideError, TFConfigError
 from rallypoint.model import (
     DEFAULT_JAX_PORT,
@@ -401,7 +401,7 @@ def _check_value(key: str, value: str, source: OverrideSource) -> None:
         if not _INT.fullmatch(value) or int(value) < 1:
             raise bad("is not a process count: use N >= 1 or one of auto, cpu, gpu, xpu")
     elif key in ("MASTER_ADDR", "PET_MASTER_ADDR"):
-        if not tfconfig.is_valid_host(value):
+        if names.host_problem(value, ip=True) is not None:
             raise bad("is neither a host name (RFC 1123) nor an IP address (IPv6 without brackets)")
     elif key == "TF_CONFIG":
         try:

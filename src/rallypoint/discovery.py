@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from rallypoint import names
 from rallypoint.errors import ClusterSpecError, PeerMessageError
 
 #: Version of the TXT layout; announcements with another version are dropped.
@@ -29,7 +30,6 @@ K_VERSION, K_SESSION, K_HOST = "v", "session", "host"
 K_RANK, K_PORT, K_GENERATION, K_ADDRS = "rank", "port", "gen", "addrs"
 REQUIRED_KEYS = (K_VERSION, K_SESSION, K_HOST, K_RANK, K_PORT, K_GENERATION)
 
-_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 _SESSION = re.compile(r"[A-Za-z0-9._:@/+=-]+")
 _GENERATION = re.compile(r"[A-Za-z0-9._:-]*")
 _INT = re.compile(r"-?[0-9]{1,7}")
@@ -49,13 +49,6 @@ class Announcement:
     instance: str
     #: Signature check result: True/False when a token was given to check it, else None.
     verified: bool | None = None
-
-
-def is_host_name(host: str) -> bool:
-    """True when host is an RFC 1123 host name (dot-separated labels, at most 253 chars)."""
-    if not host or len(host) > 253:
-        return False
-    return all(_LABEL.fullmatch(label) for label in host.rstrip(".").split("."))
 
 
 def instance_name(session: str, host: str) -> str:
@@ -150,7 +143,7 @@ def parse_fields(
     if len(session) > MAX_SESSION_CHARS or not _SESSION.fullmatch(session):
         raise PeerMessageError(f"announcement session={session[:40]!r} is not a session id")
     host = fields[K_HOST]
-    if not is_host_name(host):
+    if names.host_problem(host, ip=True) is not None:
         raise PeerMessageError(f"announcement host={host[:60]!r} is not an RFC 1123 host name")
     generation = fields[K_GENERATION]
     if len(generation) > MAX_GENERATION_CHARS or not _GENERATION.fullmatch(generation):

@@ -22,6 +22,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
+from rallypoint import names
 from rallypoint.errors import ConfigError, TFConfigError
 
 #: Job names TensorFlow's distribution strategies understand (multi_worker_util).
@@ -33,43 +34,9 @@ LAYOUTS = ("workers", "chief", "ps:N", "evaluator")
 # Top-level keys TFConfigClusterResolver reads as strings besides cluster and task.
 _STRING_KEYS = ("rpc_layer", "environment", "session_master")
 
-_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-_NUMERIC_LABEL = re.compile(r"(?:0[xX][0-9A-Fa-f]*|[0-9]+)")
 _DIGITS = re.compile(r"[0-9]{1,5}")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_SHOWN = 80
-
-
-def is_host_name(host: str) -> bool:
-    """True for an RFC 1123 host name: dot-separated labels of letters, digits, inner hyphens."""
-    if not host or len(host) > 253:
-        return False
-    labels = host.split(".")
-    if not all(_LABEL.fullmatch(label) for label in labels):
-        return False
-    # RFC 1123 2.1: a name must not look like a dotted-decimal address. Reject an
-    # all-digit last label ("999.1.1.1") and names inet_aton() would read as an
-    # address ("0x7f.1"): getaddrinfo would never look those up as names.
-    if labels[-1].isdigit():
-        return False
-    return not all(_NUMERIC_LABEL.fullmatch(label) for label in labels)
-
-
-def is_ip_literal(host: str) -> bool:
-    """True for a bare IPv4 or IPv6 address without brackets or zone id."""
-    if "%" in host:
-        # A zone id (fe80::1%eth0) names a different link on every host.
-        return False
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def is_valid_host(host: str) -> bool:
-    """True for a host name or a bare IP literal: what MASTER_ADDR and TF hosts may be."""
-    return is_ip_literal(host) or is_host_name(host)
 
 
 def format_address(host: str, port: int) -> str:
@@ -301,7 +268,8 @@ def _parse_address(address: object, where: str) -> tuple[str, int]:
         except ValueError:
             raise TFConfigError(f"{where}: {_show(host)} is not a bracketed IPv6 address") from None
         return ip6.compressed.lower(), int(port_text)
-    if ":" in host and not is_ip_literal(host):
+    problem = names.host_problem(host, ip=True)
+    if ":" in host and problem is not None:
         raise TFConfigError(
             f"{where}: {_show(address)} is not host:port (no scheme, one colon); write it as "
             "host:port, an IPv6 host as [addr]:port"
@@ -310,7 +278,7 @@ def _parse_address(address: object, where: str) -> tuple[str, int]:
         raise TFConfigError(
             f"{where}: IPv6 host in {_show(address)} must be in brackets, e.g. [{host}]:{port_text}"
         )
-    if not is_valid_host(host):
+    if problem is not None:
         raise TFConfigError(
             f"{where}: host {_show(host)} is neither a valid host name (RFC 1123) nor an IP address"
         )

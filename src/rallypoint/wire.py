@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rallypoint import names
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
@@ -28,9 +29,6 @@ MAX_NODES = 65536
 
 _TOKEN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _SESSION = re.compile(r"[\x21-\x7e]{1,256}")
-# RFC 1123 labels; underscores are tolerated because container runtimes hand them out.
-_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
-_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 # Dotted-quad IPv4 already in canonical form (no leading zeros): ipaddress would return it
 # unchanged, so the fast path skips it (it was a tenth of the master's CPU in a join herd).
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -380,14 +378,12 @@ def generation(value: object, name: str = "after") -> str:
 
 
 def host_name(value: object, name: str = "host") -> str:
-    """A host name (RFC 1123, underscores tolerated) or an IP literal."""
-    if isinstance(value, str):
-        if _HOSTNAME.fullmatch(value):
-            return value
+    """A host name or a canonical IP literal, by names.host_problem's lenient rule for peers."""
+    if isinstance(value, str) and names.host_problem(value, ip=True, lenient=True) is None:
         try:
             return str(ipaddress.ip_address(value))
         except ValueError:
-            pass
+            return value
     raise PeerMessageError(f"{name} must be a host name or an IP address, got {value!r:.80}")
 
 

@@ -7,15 +7,14 @@ import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 
+from rallypoint import names
 from rallypoint.errors import ClusterSpecError
 from rallypoint.model import ClusterSpec
+from rallypoint.names import HostProblem
 
 #: Largest cluster any provider accepts; also caps hostlist expansion (memory bombs).
 MAX_NODES = 65536
 
-_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-# Labels that inet_aton() would read as a number: getaddrinfo("123") is 0.0.0.123.
-_NUMERIC_LABEL = re.compile(r"(?:0[xX][0-9A-Fa-f]*|[0-9]+)")
 _INT = re.compile(r"[0-9]{1,9}")
 _SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
@@ -82,37 +81,33 @@ def ip_literal(value: str) -> str | None:
 
 def host_name(key: str, value: str, *, allow_ip: bool = False) -> str:
     """A validated host name (RFC 1123), or with allow_ip a canonical IPv4/IPv6 literal."""
-    if allow_ip:
-        literal = ip_literal(value)
-        if literal is not None:
-            if "%" in literal:
-                raise ClusterSpecError(
-                    f"{key}: {show(value)} carries an IPv6 zone id, which means something"
-                    " different on every host; use a global or unique-local address"
-                )
-            return literal
+    literal = ip_literal(value) if allow_ip else None
+    problem = names.host_problem(literal or value, ip=allow_ip)
+    if problem is None:
+        return literal or value
     what = "host names or IP addresses" if allow_ip else "host names"
-    if not value:
+    if problem is HostProblem.ZONE_ID:
+        raise ClusterSpecError(
+            f"{key}: {show(value)} carries an IPv6 zone id, which means something"
+            " different on every host; use a global or unique-local address"
+        )
+    if problem is HostProblem.EMPTY:
         raise ClusterSpecError(f"{key} has an empty entry; list {what} separated by commas")
-    if value.endswith("."):
+    if problem is HostProblem.TRAILING_DOT:
         raise ClusterSpecError(f"{key}: {show(value)} ends with a dot; drop the trailing dot")
-    if len(value) > 253:
+    if problem is HostProblem.TOO_LONG:
         raise ClusterSpecError(
             f"{key}: {show(value)} is longer than 253 characters; use a shorter host name"
         )
-    labels = value.split(".")
-    for label in labels:
-        if not _LABEL.fullmatch(label):
-            raise ClusterSpecError(
-                f"{key}: {show(value)} is not a valid host name (RFC 1123: dot-separated labels"
-                f" of 1-63 letters, digits or inner hyphens); list {what}"
-            )
-    if all(_NUMERIC_LABEL.fullmatch(label) for label in labels):
+    if problem is HostProblem.NUMERIC:
         hint = "write a dotted-quad IPv4 address" if allow_ip else "use the node's host name"
         raise ClusterSpecError(
             f"{key}: {show(value)} looks like a number, which resolvers read as an address; {hint}"
         )
-    return value
+    raise ClusterSpecError(
+        f"{key}: {show(value)} is not a valid host name (RFC 1123: dot-separated labels"
+        f" of 1-63 letters, digits or inner hyphens); list {what}"
+    )
 
 
 def split_list(key: str, value: str) -> list[str]:
