@@ -1,4 +1,4 @@
-"""resolve: verdicts, retries under a deadline, scopes, and the real system resolver."""
+"""resolve: lookups and their verdicts, retries under a deadline, and the real system resolver."""
 
 from __future__ import annotations
 
@@ -7,42 +7,12 @@ import socket
 
 import pytest
 
-from rallypoint.names import AUTO_ALL_MAX_NODES, Resolution, Verdict, is_loopback, scope_ranks
+from rallypoint.names import Resolution, Verdict, is_loopback
 from rallypoint.resolve import SystemResolver, check, verify
 from tests.fakes import FakeResolver
 
 # A deadline far enough away that only the test's own asyncio.timeout can end a hang.
 PATIENT = 3600.0
-
-
-@pytest.mark.parametrize(
-    ("address", "expected"),
-    [
-        ("127.0.0.1", True),
-        ("127.0.1.1", True),
-        ("127.255.255.254", True),
-        ("::1", True),
-        ("::ffff:127.0.0.1", True),
-        ("::ffff:127.1.2.3", True),
-        ("0.0.0.0", True),
-        ("::", True),
-        ("::ffff:0.0.0.0", True),
-        ("10.0.0.1", False),
-        ("128.0.0.1", False),
-        ("126.255.255.255", False),
-        ("::2", False),
-        ("::ffff:10.0.0.1", False),
-        ("fe80::1%eth0", False),
-        ("2001:db8::1", False),
-    ],
-)
-def test_is_loopback(address: str, expected: bool) -> None:
-    assert is_loopback(address) is expected
-
-
-def test_is_loopback_rejects_names() -> None:
-    with pytest.raises(ValueError):
-        is_loopback("localhost")
 
 
 @pytest.mark.parametrize(
@@ -337,55 +307,6 @@ async def test_verify_loopback(accept_loopback: bool, verdict: Verdict) -> None:
     assert "127.0.1.1" in result.detail
     if accept_loopback:
         assert result.attempts == 1
-
-
-def test_scope_all_and_small_auto_cover_every_rank_including_self() -> None:
-    assert scope_ranks(4, 2, "all") == [0, 1, 2, 3]
-    assert scope_ranks(AUTO_ALL_MAX_NODES, 5, "auto") == list(range(AUTO_ALL_MAX_NODES))
-
-
-@pytest.mark.parametrize(("rank", "expected"), [(0, [0]), (3, [0, 3])])
-def test_scope_master(rank: int, expected: list[int]) -> None:
-    assert scope_ranks(10, rank, "master") == expected
-
-
-@pytest.mark.parametrize("rank", [0, 1, 2047, 4095])
-def test_scope_auto_large_session(rank: int) -> None:
-    nnodes = 4096
-    ranks = scope_ranks(nnodes, rank, "auto", sample=8, seed="job-17")
-    fixed = {0, rank, (rank - 1) % nnodes, (rank + 1) % nnodes}
-    assert fixed <= set(ranks)
-    assert len(ranks) == len(fixed) + 8
-    assert ranks == sorted(set(ranks))
-    assert all(0 <= r < nnodes for r in ranks)
-    # Deterministic for the same session, different for another one.
-    assert scope_ranks(nnodes, rank, "auto", sample=8, seed="job-17") == ranks
-    assert scope_ranks(nnodes, rank, "auto", sample=8, seed="job-18") != ranks
-
-
-def test_scope_auto_spreads_the_sample_across_ranks() -> None:
-    nnodes = 1000
-    samples = [set(scope_ranks(nnodes, r, "auto", sample=8, seed="s")) for r in range(50)]
-    assert len(set.union(*samples)) > 200
-
-
-def test_scope_auto_sample_larger_than_the_rest() -> None:
-    assert scope_ranks(70, 3, "auto", sample=1000) == list(range(70))
-
-
-@pytest.mark.parametrize(
-    ("nnodes", "rank", "scope", "sample"),
-    [
-        (0, 0, "all", 8),
-        (4, 4, "all", 8),
-        (4, -1, "all", 8),
-        (4, 0, "some", 8),
-        (100, 0, "auto", -1),
-    ],
-)
-def test_scope_rejects_bad_input(nnodes: int, rank: int, scope: str, sample: int) -> None:
-    with pytest.raises(ValueError):
-        scope_ranks(nnodes, rank, scope, sample=sample)
 
 
 async def test_system_resolver_localhost_is_loopback() -> None:

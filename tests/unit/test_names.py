@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rallypoint import names
-from rallypoint.names import HostProblem, Resolution, Verdict
+from rallypoint.names import AUTO_ALL_MAX_NODES, HostProblem, Resolution, Verdict
 from rallypoint.settings import Settings
 
 P = HostProblem
@@ -104,34 +104,40 @@ def test_every_ip_literal_passes_with_ip_and_none_passes_as_a_name(ip: object) -
 
 
 @pytest.mark.parametrize(
-    ("address", "loopback"),
+    ("address", "expected"),
     [
         ("127.0.0.1", True),
-        ("127.1.2.3", True),
+        ("127.0.1.1", True),
+        ("127.255.255.254", True),
         ("::1", True),
         ("::ffff:127.0.0.1", True),
+        ("::ffff:127.1.2.3", True),
         ("0.0.0.0", True),
         ("::", True),
-        ("fe80::1%lo", False),
-        ("::1%lo", True),
+        ("::ffff:0.0.0.0", True),
         ("10.0.0.1", False),
+        ("128.0.0.1", False),
+        ("126.255.255.255", False),
+        ("::2", False),
         ("::ffff:10.0.0.1", False),
-        ("fd00::1", False),
+        ("fe80::1%eth0", False),
+        ("::1%lo", True),
+        ("2001:db8::1", False),
     ],
 )
-def test_is_loopback(address: str, loopback: bool) -> None:
-    assert names.is_loopback(address) is loopback
+def test_is_loopback(address: str, expected: bool) -> None:
+    assert names.is_loopback(address) is expected
+
+
+def test_is_loopback_rejects_names() -> None:
+    with pytest.raises(ValueError):
+        names.is_loopback("localhost")
 
 
 @given(st.ip_addresses(v=4))
 def test_a_mapped_address_is_loopback_exactly_when_its_ipv4_is(ip: ipaddress.IPv4Address) -> None:
     assert names.is_loopback(f"::ffff:{ip}") is names.is_loopback(str(ip))
     assert names.canonical(f"::ffff:{ip}") == str(ip)
-
-
-def test_is_loopback_refuses_a_name() -> None:
-    with pytest.raises(ValueError):
-        names.is_loopback("localhost")
 
 
 @pytest.mark.parametrize(
@@ -306,10 +312,59 @@ def test_scope_ranks_always_hold_the_master_and_this_node(
     assert ranks == sorted(set(ranks))
     assert {0, rank} <= set(ranks) <= set(range(nnodes))
     assert ranks == names.scope_ranks(nnodes, rank, scope, seed=seed)
-    if scope == "all" or (scope == "auto" and nnodes <= names.AUTO_ALL_MAX_NODES):
+    if scope == "all" or (scope == "auto" and nnodes <= AUTO_ALL_MAX_NODES):
         assert ranks == list(range(nnodes))
     elif scope == "master":
         assert set(ranks) == {0, rank}
     else:
         assert len(ranks) <= 4 + 8
         assert {(rank - 1) % nnodes, (rank + 1) % nnodes} <= set(ranks)
+
+
+def test_scope_all_and_small_auto_cover_every_rank_including_self() -> None:
+    assert names.scope_ranks(4, 2, "all") == [0, 1, 2, 3]
+    assert names.scope_ranks(AUTO_ALL_MAX_NODES, 5, "auto") == list(range(AUTO_ALL_MAX_NODES))
+
+
+@pytest.mark.parametrize(("rank", "expected"), [(0, [0]), (3, [0, 3])])
+def test_scope_master(rank: int, expected: list[int]) -> None:
+    assert names.scope_ranks(10, rank, "master") == expected
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2047, 4095])
+def test_scope_auto_large_session(rank: int) -> None:
+    nnodes = 4096
+    ranks = names.scope_ranks(nnodes, rank, "auto", sample=8, seed="job-17")
+    fixed = {0, rank, (rank - 1) % nnodes, (rank + 1) % nnodes}
+    assert fixed <= set(ranks)
+    assert len(ranks) == len(fixed) + 8
+    assert ranks == sorted(set(ranks))
+    assert all(0 <= r < nnodes for r in ranks)
+    # Deterministic for the same session, different for another one.
+    assert names.scope_ranks(nnodes, rank, "auto", sample=8, seed="job-17") == ranks
+    assert names.scope_ranks(nnodes, rank, "auto", sample=8, seed="job-18") != ranks
+
+
+def test_scope_auto_spreads_the_sample_across_ranks() -> None:
+    nnodes = 1000
+    samples = [set(names.scope_ranks(nnodes, r, "auto", sample=8, seed="s")) for r in range(50)]
+    assert len(set.union(*samples)) > 200
+
+
+def test_scope_auto_sample_larger_than_the_rest() -> None:
+    assert names.scope_ranks(70, 3, "auto", sample=1000) == list(range(70))
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "rank", "scope", "sample"),
+    [
+        (0, 0, "all", 8),
+        (4, 4, "all", 8),
+        (4, -1, "all", 8),
+        (4, 0, "some", 8),
+        (100, 0, "auto", -1),
+    ],
+)
+def test_scope_rejects_bad_input(nnodes: int, rank: int, scope: str, sample: int) -> None:
+    with pytest.raises(ValueError):
+        names.scope_ranks(nnodes, rank, scope, sample=sample)
