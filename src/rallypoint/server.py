@@ -22,9 +22,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
 from rallypoint import hostfile, render, wire
-from rallypoint.errors import AuthError, HostfileError, PeerMessageError, PortError
+from rallypoint.errors import AuthError, HostfileError, JoinRejected, PeerMessageError, PortError
 from rallypoint.metrics import CONTENT_TYPE
-from rallypoint.rendezvous import JoinRejected, Reason, Rendezvous, auth_reason
+from rallypoint.reasons import Reason, auth_reason
+from rallypoint.rendezvous import Rendezvous
 from rallypoint.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from rallypoint import netinfo, ports
 from rallypoint.auth import Authenticator
 from rallypoint.errors import AuthError, PortError
 from rallypoint.model import ClusterSpec
-from rallypoint.rendezvous import auth_reason
+from rallypoint.reasons import auth_reason
 from rallypoint.resolve import Resolution, Verdict
 from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
