@@ -9,6 +9,7 @@ from aiohttp import web
 from rallypoint import hostfile, render
 from rallypoint.errors import HostfileError
 from rallypoint.metrics import CONTENT_TYPE
+from rallypoint.model import Env
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.server.common import NO_STORE, NODE, error_response, observe, single_query
@@ -45,20 +46,23 @@ _ENV_HEADERS = {
 }
 
 
-async def _wait_param(request: web.Request, params: dict[str, str]) -> web.Response | None:
-    """Long-poll for readiness when ?wait= asks for it; a 400 answer when it is malformed."""
-    if "wait" not in params:
-        return None
-    try:
-        wait_s = float(params["wait"])
-    except ValueError:
-        wait_s = math.nan
-    if not math.isfinite(wait_s) or wait_s < 0:
-        return error_response(
-            400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
-        )
-    await request.app[NODE].wait_ready(min(wait_s, MAX_WAIT_S))
-    return None
+async def _ready_env(request: web.Request, params: dict[str, str]) -> Env | web.Response:
+    """The env to serve once ?wait= is honoured, or the answer: 400 bad wait, 503 not ready."""
+    node = request.app[NODE]
+    if "wait" in params:
+        try:
+            wait_s = float(params["wait"])
+        except ValueError:
+            wait_s = math.nan
+        if not math.isfinite(wait_s) or wait_s < 0:
+            return error_response(
+                400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
+            )
+        await node.wait_ready(min(wait_s, MAX_WAIT_S))
+    env = node.env
+    if not node.ready or env is None:
+        return _not_ready(node.reasons())
+    return env
 
 
 async def _env(request: web.Request) -> web.Response:
@@ -68,12 +72,9 @@ async def _env(request: web.Request) -> web.Response:
     fmt = params.get("format", "json")
     if fmt not in render.FORMATS:
         return error_response(400, f"format {fmt!r} is not one of {', '.join(render.FORMATS)}")
-    bad_wait = await _wait_param(request, params)
-    if bad_wait is not None:
-        return bad_wait
-    env = node.env
-    if not node.ready or env is None:
-        return _not_ready(node.reasons())
+    env = await _ready_env(request, params)
+    if isinstance(env, web.Response):
+        return env
     headers = dict(_ENV_HEADERS[fmt])
     headers["X-Rallypoint-Generation"] = node.generation or ""
     # Rendered once per (env, format): json's indent=2 takes the pure-Python encoder.
@@ -84,12 +85,9 @@ async def _hostfile(request: web.Request) -> web.Response:
     """The nodes as ``host slots=N`` lines in rank order (DeepSpeed, Open MPI), when ready."""
     node = request.app[NODE]
     params = single_query(request, ("wait",)) if request.query_string else {}
-    bad_wait = await _wait_param(request, params)
-    if bad_wait is not None:
-        return bad_wait
-    env = node.env
-    if not node.ready or env is None:
-        return _not_ready(node.reasons())
+    env = await _ready_env(request, params)
+    if isinstance(env, web.Response):
+        return env
     try:
         slot_count = hostfile.slots(env.as_dict(), node.settings.nproc_per_node)
         text = hostfile.render(node.spec.hosts, slot_count)
