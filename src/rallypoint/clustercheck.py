@@ -32,7 +32,7 @@ Transport = Callable[[wire.Report], Awaitable[wire.Verdict]]
 
 
 class Shown(Protocol):
-    """Where the check shows why the node is not ready (the Rendezvous)."""
+    """Where the check shows why the node is not ready (its Readiness)."""
 
     def not_ready(self, *reasons: Reason) -> None: ...
 

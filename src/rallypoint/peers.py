@@ -62,8 +62,9 @@ class PeerTable:
 
     def scope(self, ranks: Sequence[int]) -> None:
         """Mark the ranks whose names this node verifies (and no others)."""
+        wanted = set(ranks)
         for peer in self._peers.values():
-            peer.in_scope = peer.rank in ranks
+            peer.in_scope = peer.rank in wanted
 
     def resolved(self, rank: int, res: Resolution) -> None:
         """The latest resolution of ``rank``'s name here."""
