@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from rallypoint import wire
-from rallypoint.errors import AuthError, PeerMessageError
-from rallypoint.masterbook import JoinRejected, MasterBook
+from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
+from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterDoc, ClusterSpec
-from rallypoint.peerhttp import PeerClient, PeerDown
+from rallypoint.peerhttp import PeerClient
 from rallypoint.reasons import Reason
 from rallypoint.settings import Settings
 from rallypoint.worker import Backoff
@@ -32,7 +32,7 @@ Transport = Callable[[wire.Report], Awaitable[wire.Verdict]]
 
 
 class Shown(Protocol):
-    """Where the check shows why the node is not ready (the Rendezvous)."""
+    """Where the check shows why the node is not ready (its Readiness)."""
 
     def not_ready(self, *reasons: Reason) -> None: ...
 

@@ -44,6 +44,22 @@ class PeerMessageError(RallypointError):
     """Raised when a peer message (join, cluster document, announcement) is malformed."""
 
 
+class JoinRejected(PeerMessageError):
+    """Raised when a peer request is well-formed but refused (wrong session, impostor ...)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class PeerDown(Exception):
+    """Raised by the peer client when a peer cannot be reached (refused, reset, timed out)."""
+
+    # Not a RallypointError: the rendezvous always catches it and retries, so it never
+    # reaches the CLI's exit codes.
+
+
 class RendezvousTimeout(RallypointError):
     """Raised when the rendezvous or a wait does not finish before its deadline (exit 3)."""
 

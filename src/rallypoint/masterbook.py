@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass
 
 from rallypoint import wire
-from rallypoint.errors import PeerMessageError
+from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, ClusterSpec, Member
 from rallypoint.reasons import Reason
 
@@ -26,15 +26,6 @@ _WINDOW_CODES = {
     "jax_port_unreachable": "jax",
     "tf_port_unreachable": "tf",
 }
-
-
-class JoinRejected(PeerMessageError):
-    """Raised when a peer request is well-formed but refused (wrong session, impostor ...)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
 
 
 #: Documents smaller than this are always sent as they are: gzip would not pay for itself.

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 
 import aiohttp
 
 from rallypoint import wire
 from rallypoint.auth import Authenticator
-from rallypoint.errors import AuthError, PeerMessageError
-from rallypoint.masterbook import JoinRejected
+from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc
 from rallypoint.settings import Settings
 
-
-class PeerDown(Exception):
-    """The peer could not be reached (refused, reset, timed out)."""
+#: (host name, verified address) -> (address to connect to, peer API port).
+PeerEndpoint = Callable[[str, str], tuple[str, int]]
 
 
 class PeerClient:

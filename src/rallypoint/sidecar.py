@@ -17,8 +17,10 @@ from rallypoint.auth import Authenticator
 from rallypoint.errors import ClusterSpecError, PortError, TFConfigError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, OverrideSource
+from rallypoint.peerhttp import PeerEndpoint
 from rallypoint.probe import ProbeRoute
-from rallypoint.rendezvous import PeerEndpoint, Reason, Rendezvous, discovering_reason
+from rallypoint.reasons import Reason, discovering_reason
+from rallypoint.rendezvous import Rendezvous
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
 

@@ -12,6 +12,7 @@ from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, DeriveOptions, Env, Member, OverrideSource
 from rallypoint.names import Resolution
+from rallypoint.peers import PeerTable
 from rallypoint.reasons import Reason
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
@@ -21,39 +22,6 @@ log = logging.getLogger("rallypoint.rendezvous")
 
 #: Called with (document, peer host, reason) when a peer's first check fails.
 PeerFailure = Callable[[ClusterDoc, str, Reason], None]
-
-
-@dataclass(slots=True)
-class PeerState:
-    """What this node knows about one node of the session, for /status."""
-
-    rank: int
-    host: str
-    joined: bool = False
-    joined_after_s: float | None = None
-    addresses: tuple[str, ...] = ()
-    tf_port: int | None = None
-    remote: str | None = None
-    in_scope: bool = False
-    resolution: Resolution | None = None
-
-    def as_json(self) -> dict[str, object]:
-        res = self.resolution
-        return {
-            "rank": self.rank,
-            "host": self.host,
-            "joined": self.joined,
-            "joined_after_s": round_s(self.joined_after_s),
-            "addresses": list(self.addresses),
-            "tf_port": self.tf_port,
-            "remote": self.remote,
-            "verified": self.in_scope,
-            "verdict": None if res is None else str(res.verdict),
-            "resolved": [] if res is None else list(res.addresses),
-            "detail": None if res is None else res.detail,
-            "attempts": 0 if res is None else res.attempts,
-            "resolve_s": None if res is None else round_s(res.elapsed_s),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +51,7 @@ class Verifier:
         *,
         resolver: Resolver,
         metrics: Metrics,
-        peers: Mapping[int, PeerState],
+        peers: PeerTable,
         user: Mapping[str, tuple[str, OverrideSource]],
         accept_loopback: bool,
         clock: Callable[[], float],
@@ -108,8 +76,7 @@ class Verifier:
             spec.nnodes, spec.rank, self.settings.resolve_scope, seed=doc.session
         )
         peers = [r for r in ranks if r != spec.rank]
-        for peer in self.peers.values():
-            peer.in_scope = peer.rank in ranks
+        self.peers.scope(ranks)
         own = await self._check_own(doc.members[spec.rank])
         results = await asyncio.gather(*(self._verify_peer(doc, doc.members[r]) for r in peers))
         failures = [r for r in (self._peer_reason(res) for res in results) if r is not None]
@@ -161,7 +128,7 @@ class Verifier:
             timeout_s=self.settings.resolve_timeout_s,
         )
         self.metrics.resolutions.labels(str(res.verdict)).inc()
-        self.peers[self.spec.rank].resolution = res
+        self.peers.resolved(self.spec.rank, res)
         return res
 
     def _judge_own(self, res: Resolution, ifname: str | None) -> tuple[Reason | None, str | None]:
@@ -180,13 +147,12 @@ class Verifier:
         return await asyncio.to_thread(netinfo.route_ifname, master_ip)
 
     async def _verify_peer(self, doc: ClusterDoc, member: Member) -> Resolution:
-        peer = self.peers[member.rank]
         expected = member.addresses or None
         res = await resolve.check(
             self.resolver, member.host, expected, timeout_s=self.settings.resolve_timeout_s
         )
         self.metrics.resolutions.labels(str(res.verdict)).inc()
-        peer.resolution = res
+        self.peers.resolved(member.rank, res)
         reason = self._peer_reason(res)
         if reason is None:
             return res
@@ -204,7 +170,7 @@ class Verifier:
             accept_loopback=self.accept_loopback,
         )
         self.metrics.resolutions.labels(str(res.verdict)).inc()
-        peer.resolution = res
+        self.peers.resolved(member.rank, res)
         return res
 
     def _peer_reason(self, res: Resolution) -> Reason | None:
@@ -221,8 +187,3 @@ class Verifier:
         if master.addresses:
             return master.addresses[0]
         return resolved[0] if resolved else None
-
-
-def round_s(value: float | None) -> float | None:
-    """Seconds rounded to milliseconds for /status, None kept."""
-    return None if value is None else round(value, 3)

@@ -6,25 +6,20 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
 from typing import Protocol
 
 from rallypoint import names, resolve, wire
-from rallypoint.errors import AuthError, PeerMessageError
-from rallypoint.masterbook import JoinRejected
+from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, Member
-from rallypoint.peerhttp import PeerClient, PeerDown
+from rallypoint.peerhttp import PeerClient, PeerEndpoint
+from rallypoint.peers import PeerTable
 from rallypoint.reasons import Reason, auth_reason
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
-from rallypoint.verify import PeerState
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
-
-#: (host name, verified address) -> (address to connect to, peer API port).
-PeerEndpoint = Callable[[str, str], tuple[str, int]]
 
 
 class _Rejoin(Exception):
@@ -92,7 +87,7 @@ class Worker:
         metrics: Metrics,
         client: PeerClient,
         endpoint: PeerEndpoint,
-        master_peer: PeerState,
+        peers: PeerTable,
         poked: asyncio.Event,
         rng: random.Random,
         accept_loopback: bool,
@@ -104,7 +99,7 @@ class Worker:
         self.metrics = metrics
         self.client = client
         self._endpoint = endpoint
-        self._master_peer = master_peer
+        self._peers = peers
         self._poked = poked
         self._rng = rng
         self.accept_loopback = accept_loopback
@@ -176,7 +171,7 @@ class Worker:
                 self.resolver, master, None, timeout_s=self.settings.resolve_timeout_s
             )
             self.metrics.resolutions.labels(str(res.verdict)).inc()
-            self._master_peer.resolution = res
+            self._peers.resolved(0, res)
             problem = names.master_reason(res, accept_loopback=self.accept_loopback)
             if problem is None:
                 problem = Reason("master_unreachable", f"no address of {master}", host=master)

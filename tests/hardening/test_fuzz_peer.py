@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from rallypoint import server, wire
 from rallypoint.errors import PeerMessageError
+from rallypoint.server.peer import PEER_MAX_BYTES
 from tests.hardening.harness import (
     SESSION,
     Node,
@@ -151,7 +152,7 @@ def check_peer(reply: Reply, method: str, path: str, what: str) -> None:
 @example(body=b'{"a":' * 50_000, content_type="application/json")
 @example(body=dumps({"addresses": ["127.0.0.1"] * 5000}), content_type="application/json")
 @example(body=b"\xff\xfe\x00{", content_type="application/json")
-@example(body=b"x" * (server.PEER_MAX_BYTES + 1), content_type="application/json")
+@example(body=b"x" * (PEER_MAX_BYTES + 1), content_type="application/json")
 @example(body=b"", content_type="")
 @example(body=b'{"rank": 1e400, "session": NaN}', content_type="application/json")
 def test_join_bodies(waiting_master: Node, logs: Records, body: bytes, content_type: str) -> None:
@@ -261,7 +262,7 @@ def join_head(length: int | str, extra: str = "") -> bytes:
         + b"Connection: close\r\n\r\nffff\r\n"
         + b"x" * 0xFFFF
         + b"\r\n0\r\n\r\n",
-        join_head(server.PEER_MAX_BYTES + 10) + b"x" * (server.PEER_MAX_BYTES + 10),
+        join_head(PEER_MAX_BYTES + 10) + b"x" * (PEER_MAX_BYTES + 10),
         b"POST /v1/join HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 9000 + b"\r\n\r\n",
         b"POST /v1/join HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n",
         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # a TLS ClientHello

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from rallypoint import ports, server, wire
+from rallypoint import ports, wire
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.rendezvous import Rendezvous
+from rallypoint.server.peer import peer_app
 from rallypoint.settings import Settings
 from tests.fakes import FakeResolver
 
@@ -72,7 +73,7 @@ async def _join_all(peer: TestClient[Any, Any], signer: Authenticator) -> None:
 async def test_cluster_document_encodings(
     aiohttp_client: Client, master: Rendezvous, accept: str, encoding: str | None
 ) -> None:
-    peer = await aiohttp_client(server.peer_app(master))
+    peer = await aiohttp_client(peer_app(master))
     signer = Authenticator(TOKEN)
     await _join_all(peer, signer)
     assert master.book is not None and master.book.encoded_doc is not None

@@ -8,11 +8,13 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from rallypoint import ports, server, wire
+from rallypoint import ports, wire
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous import Rendezvous
+from rallypoint.server.local import local_app
+from rallypoint.server.peer import peer_app
 from rallypoint.settings import Settings
 from tests.fakes import FakeResolver
 from tests.inprocess.test_server import SESSION, Client, checked, join_body, make_node
@@ -26,8 +28,8 @@ async def test_hostfile_lists_every_node_in_rank_order_once_ready(
     aiohttp_client: Client, make_node: MakeNode
 ) -> None:
     node = await make_node(nnodes=2, nproc_per_node=4)
-    peer = await aiohttp_client(server.peer_app(node))
-    local = await aiohttp_client(server.local_app(node))
+    peer = await aiohttp_client(peer_app(node))
+    local = await aiohttp_client(local_app(node))
     await asyncio.sleep(0)
     resp = await local.get("/hostfile")
     assert resp.status == 503
@@ -72,8 +74,8 @@ async def test_a_word_for_the_process_count_gives_no_hostfile(aiohttp_client: Cl
             user={"PET_NPROC_PER_NODE": ("gpu", "--set")},
         )
         async with node:
-            await aiohttp_client(server.peer_app(node))
-            local = await aiohttp_client(server.local_app(node))
+            await aiohttp_client(peer_app(node))
+            local = await aiohttp_client(local_app(node))
             assert await node.wait_ready(20)
             env = json.loads(await checked(await local.get("/env"), "GET", "/env"))
             assert env["PET_NPROC_PER_NODE"] == "gpu"
@@ -89,7 +91,7 @@ async def test_hostfile_bad_parameters(
     aiohttp_client: Client, make_node: MakeNode, query: dict[str, str]
 ) -> None:
     node = await make_node()
-    local = await aiohttp_client(server.local_app(node))
+    local = await aiohttp_client(local_app(node))
     resp = await local.get("/hostfile", params=query)
     assert resp.status == 400
     assert json.loads(await checked(resp, "GET", "/hostfile"))["error"]

@@ -24,7 +24,7 @@ from rallypoint.auth import Authenticator
 from rallypoint.errors import AuthError, PortError
 from rallypoint.model import ClusterSpec
 from rallypoint.names import Resolution, Verdict, judge_own
-from rallypoint.rendezvous import auth_reason
+from rallypoint.reasons import auth_reason
 from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
 from tests.fakes import FakeResolver

@@ -20,6 +20,8 @@ from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.rendezvous import Rendezvous
+from rallypoint.server.local import local_app
+from rallypoint.server.peer import PEER_MAX_BYTES, peer_app
 from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
 from tests.conftest import require
@@ -112,8 +114,8 @@ async def test_env_when_ready(
     aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]], fmt: str
 ) -> None:
     node = await make_node()
-    await aiohttp_client(server.peer_app(node))
-    local = await aiohttp_client(server.local_app(node))
+    await aiohttp_client(peer_app(node))
+    local = await aiohttp_client(local_app(node))
     assert await node.wait_ready(20)
     resp = await local.get("/env", params={"format": fmt})
     assert resp.status == 200
@@ -132,8 +134,8 @@ async def test_env_not_ready_then_wait_until_a_join(
     aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
 ) -> None:
     node = await make_node(nnodes=2)
-    peer = await aiohttp_client(server.peer_app(node))
-    local = await aiohttp_client(server.local_app(node))
+    peer = await aiohttp_client(peer_app(node))
+    local = await aiohttp_client(local_app(node))
     await asyncio.sleep(0)
     resp = await local.get("/env")
     assert resp.status == 503
@@ -185,7 +187,7 @@ async def test_env_bad_parameters(
     query: dict[str, str] | list[tuple[str, str]],
 ) -> None:
     node = await make_node()
-    local = await aiohttp_client(server.local_app(node))
+    local = await aiohttp_client(local_app(node))
     resp = await local.get("/env", params=query)
     assert resp.status == 400
     body = await checked(resp, "GET", "/env")
@@ -197,8 +199,8 @@ async def test_livez_status_and_metrics(
     aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
 ) -> None:
     node = await make_node()
-    await aiohttp_client(server.peer_app(node))
-    local = await aiohttp_client(server.local_app(node))
+    await aiohttp_client(peer_app(node))
+    local = await aiohttp_client(local_app(node))
     assert await node.wait_ready(20)
     resp = await local.get("/livez")
     assert await checked(resp, "GET", "/livez") == b"ok\n"
@@ -217,7 +219,7 @@ async def test_peer_ready_cluster_and_poke(
     aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
 ) -> None:
     node = await make_node(nnodes=2, long_poll_s=0.2)
-    peer = await aiohttp_client(server.peer_app(node))
+    peer = await aiohttp_client(peer_app(node))
     resp = await peer.get("/v1/ready")
     assert json.loads(await checked(resp, "GET", "/v1/ready")) == {"ready": False}
     resp = await peer.get("/v1/cluster")
@@ -244,7 +246,7 @@ async def test_peer_ready_cluster_and_poke(
         ("POST", "/v1/join", b"[]", None, 400),
         ("POST", "/v1/join", join_body(host="evil"), None, 403),
         ("POST", "/v1/join", join_body(session="other"), None, 409),
-        ("POST", "/v1/join", b"x" * (server.PEER_MAX_BYTES + 1), None, 413),
+        ("POST", "/v1/join", b"x" * (PEER_MAX_BYTES + 1), None, 413),
         ("GET", "/v1/cluster", None, {"after": "no spaces"}, 400),
         ("POST", "/v1/poke", wire.encode_poke(wire.Poke("other", "abc")), None, 409),
         ("POST", "/v1/poke", b'{"session": 1}', None, 400),
@@ -280,7 +282,7 @@ async def test_peer_rejections(
     status: int,
 ) -> None:
     node = await make_node(nnodes=2, long_poll_s=0.2)
-    peer = await aiohttp_client(server.peer_app(node))
+    peer = await aiohttp_client(peer_app(node))
     resp = await peer.request(method, path, data=data, params=params)
     assert resp.status == status
     await checked(resp, method, path)
@@ -290,7 +292,7 @@ async def test_peer_requests_need_a_signature_when_a_token_is_set(
     aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
 ) -> None:
     node = await make_node(nnodes=2, token="t0ken", long_poll_s=0.2)
-    peer = await aiohttp_client(server.peer_app(node))
+    peer = await aiohttp_client(peer_app(node))
     signer = Authenticator("t0ken")
     for path in ("/v1/ready", "/v1/cluster"):
         resp = await peer.get(path)

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from rallypoint import wire
-from rallypoint.masterbook import JoinRejected, MasterBook
+from rallypoint.errors import JoinRejected
+from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.reasons import Reason
 

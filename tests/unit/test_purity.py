@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +80,28 @@ def test_all_pure_modules_together_import_no_io() -> None:
 def test_the_probe_detects_an_io_import() -> None:
     # The probe must be able to fail: a transitive I/O import (http.client -> socket) is caught.
     assert "socket" in _probe(["http.client"])["after"]
+
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "rallypoint"
+
+
+def _imports_aiohttp_web(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        if any(name.startswith("aiohttp.web") for name in names):
+            return True
+    return False
+
+
+def test_only_the_server_package_imports_aiohttp_web() -> None:
+    importers = {
+        path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py") if _imports_aiohttp_web(path)
+    }
+    # The scan must be able to fail: the server package itself is found.
+    assert "server/__init__.py" in importers
+    assert {name for name in importers if not name.startswith("server/")} == set()

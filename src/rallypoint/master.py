@@ -1,0 +1,180 @@
+"""The master's role: answer joins, long-polls and reports from its book, and poke the workers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from rallypoint import names, resolve, wire
+from rallypoint.clustercheck import local_transport
+from rallypoint.errors import JoinRejected, PeerDown
+from rallypoint.masterbook import MasterBook
+from rallypoint.metrics import Metrics
+from rallypoint.model import ClusterDoc, ClusterSpec, Member
+from rallypoint.peerhttp import PeerClient, PeerEndpoint
+from rallypoint.peers import PeerTable
+from rallypoint.readiness import Readiness
+from rallypoint.reasons import Reason
+from rallypoint.resolve import Resolver
+from rallypoint.settings import Settings
+
+# The rendezvous logs under one name, whichever module of it speaks.
+log = logging.getLogger("rallypoint.rendezvous")
+
+#: Pokes are best effort: a worker that does not answer this fast is not waited for.
+POKE_TIMEOUT_S = 2.0
+
+#: Above this many nodes each join is logged at debug, with an INFO line per tenth joined:
+#: a line per join cost ~4 % of a 4096-node master's CPU and floods the log.
+JOIN_LOG_ALL_NODES = 256
+
+
+def _log_join(member: Member, remote: str | None, before: int, joined: int, nnodes: int) -> None:
+    if nnodes <= JOIN_LOG_ALL_NODES:
+        log.info("joined rank=%d host=%s remote=%s", member.rank, member.host, remote)
+        return
+    log.debug("joined rank=%d host=%s remote=%s", member.rank, member.host, remote)
+    step = max(1, nnodes // 10)
+    if joined != before and (joined // step != before // step or joined == nnodes):
+        log.info("joins_progress joined=%d nnodes=%d", joined, nnodes)
+
+
+class Documents(Protocol):
+    """Where the master's documents and re-joins go on its own node (the verification loop)."""
+
+    def accept(self, doc: ClusterDoc) -> None: ...
+
+    def recheck(self, host: str) -> None: ...
+
+
+class Master:
+    """The master's side of the rendezvous, beside its book (node rank 0 only)."""
+
+    def __init__(
+        self,
+        book: MasterBook,
+        spec: ClusterSpec,
+        settings: Settings,
+        *,
+        resolver: Resolver,
+        metrics: Metrics,
+        readiness: Readiness,
+        peers: PeerTable,
+        documents: Documents,
+        client: PeerClient,
+        endpoint: PeerEndpoint,
+        accept_loopback: bool,
+    ) -> None:
+        self.book = book
+        self.spec = spec
+        self.settings = settings
+        self.resolver = resolver
+        self.metrics = metrics
+        self.readiness = readiness
+        self.peers = peers
+        self.documents = documents
+        self._peer_client = client
+        self._endpoint = endpoint
+        self.accept_loopback = accept_loopback
+        self.epoch = book.epoch
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def close(self) -> None:
+        """Cancel the pokes in flight; closing twice is safe."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def run(self, own: Member) -> None:
+        """Record our own join, then accept every document the book issues until it closes."""
+        book = self.book
+        book.record(own)
+        self.peers.joined(own, None, self.readiness.uptime_s)
+        self.readiness.not_ready(self._waiting_reason(book))
+        # Workers may be deep in a backoff pause: wake them so nobody waits it out.
+        self._poke_workers()
+        after: str | None = None
+        while not book.closed:
+            doc = await book.wait(after, timeout_s=3600.0)
+            if doc is not None:
+                first = after is None
+                after = doc.generation
+                self.documents.accept(doc)
+                if not first:
+                    # A worker outside its long-poll (in a backoff pause after a lost
+                    # connection) would miss the new document until its pause ends.
+                    self._poke_workers()
+
+    def _poke_workers(self) -> None:
+        for host in self.spec.hosts[1:]:
+            self._spawn(self._poke(host))
+
+    def _waiting_reason(self, book: MasterBook) -> Reason:
+        missing = book.missing()
+        names = ", ".join(self.spec.hosts[r] for r in missing[:8])
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        return Reason(
+            "waiting_for_join",
+            f"{len(missing)} of {self.spec.nnodes} nodes have not joined yet: {names}{more}",
+            ranks=tuple(missing),
+        )
+
+    def handle_join(self, request: wire.JoinRequest, remote: str | None) -> wire.JoinAnswer:
+        """Record a worker's join; JoinRejected when refused."""
+        book = self.book
+        try:
+            book.check(request)
+        except JoinRejected:
+            self.metrics.joins.labels("rejected").inc()
+            raise
+        self.metrics.joins.labels("accepted").inc()
+        before = len(book.members)
+        changed = book.record(request.member)
+        self.peers.joined(request.member, remote, self.readiness.uptime_s)
+        if not changed:
+            self.documents.recheck(request.member.host)
+        _log_join(request.member, remote, before, len(book.members), self.spec.nnodes)
+        if book.doc is None:
+            self.readiness.not_ready(self._waiting_reason(book))
+        return wire.JoinAnswer(
+            session=self.spec.session,
+            epoch=self.epoch,
+            generation=None if book.doc is None else book.doc.generation,
+            joined=len(book.members),
+            nnodes=self.spec.nnodes,
+        )
+
+    async def handle_cluster(self, after: str | None) -> ClusterDoc | None:
+        """Long-poll for a document newer than ``after``; None on timeout."""
+        return await self.book.wait(after, self.settings.long_poll_s)
+
+    async def handle_report(self, report: wire.Report) -> wire.Verdict:
+        """Record a node's checks; the verdict, long-polled while unchanged."""
+        return await local_transport(self.book, self.settings.long_poll_s)(report)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _poke(self, host: str) -> None:
+        """Best effort: tell a worker's peer API to re-join now."""
+        res = await resolve.check(self.resolver, host, None, timeout_s=POKE_TIMEOUT_S)
+        if names.dials_self(res, accept_loopback=self.accept_loopback):
+            # A worker's name on loopback here would poke ourselves.
+            self.metrics.pokes_sent.labels("skipped").inc()
+            return
+        body = wire.encode_poke(wire.Poke(self.spec.session, self.epoch))
+        for address in res.addresses:
+            try:
+                ok = await self._peer_client.post_poke(
+                    self._endpoint(host, address), body, POKE_TIMEOUT_S
+                )
+            except PeerDown:
+                continue
+            self.metrics.pokes_sent.labels("accepted" if ok else "refused").inc()
+            return
+        self.metrics.pokes_sent.labels("unreachable").inc()

@@ -1,0 +1,81 @@
+"""What both APIs share: the node's app key, one-line JSON errors, query checks, the middleware."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from rallypoint.errors import AuthError, JoinRejected, PeerMessageError
+from rallypoint.reasons import auth_reason
+from rallypoint.rendezvous import Rendezvous
+
+# The server logs under one name, whichever module of it speaks.
+log = logging.getLogger("rallypoint.server")
+
+NODE = web.AppKey("node", Rendezvous)
+
+NO_STORE = {"Cache-Control": "no-store"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, message: str, code: str | None = None) -> web.Response:
+    """A one-line JSON error: {"error": message[, "code": code]}."""
+    body: dict[str, str] = {"error": message}
+    if code is not None:
+        body["code"] = code
+    return web.json_response(body, status=status, headers=NO_STORE)
+
+
+def observe(api: str) -> Middleware:
+    """Middleware: map rallypoint errors to answers and count every request."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        node = request.app[NODE]
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        try:
+            response = await handler(request)
+        except web.HTTPRequestEntityTooLarge as exc:
+            response = error_response(413, exc.text or "request body too large", "too_large")
+        except web.HTTPException as exc:
+            node.metrics.request_counter(api, route, exc.status).inc()
+            raise
+        except AuthError as exc:
+            node.metrics.auth_failures.labels(auth_reason(exc)).inc()
+            log.warning("auth_rejected route=%s remote=%s error=%s", route, request.remote, exc)
+            response = error_response(401, str(exc), "auth_failed")
+        except JoinRejected as exc:
+            response = error_response(exc.status, str(exc), exc.code)
+        except PeerMessageError as exc:
+            response = error_response(400, str(exc), "bad_request")
+        node.metrics.request_counter(api, route, response.status).inc()
+        return response
+
+    return middleware
+
+
+def single_query(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
+    """The query as a dict; PeerMessageError-free 400s for unknown or repeated parameters."""
+    query = request.query
+    for key in query:
+        if key not in allowed:
+            raise web.HTTPBadRequest(
+                text=json_line(f"unknown query parameter {key!r}; use {', '.join(allowed)}"),
+                content_type="application/json",
+            )
+        if len(query.getall(key)) > 1:
+            raise web.HTTPBadRequest(
+                text=json_line(f"query parameter {key!r} given more than once"),
+                content_type="application/json",
+            )
+    return {key: query[key] for key in query}
+
+
+def json_line(message: str, code: str | None = None) -> str:
+    """The body of a one-line JSON error, for aiohttp's HTTP exceptions."""
+    return json.dumps({"error": message} if code is None else {"error": message, "code": code})

@@ -1,0 +1,124 @@
+"""The local API (loopback only by default): /env, /hostfile, /readyz, /livez, /status, /metrics."""
+
+from __future__ import annotations
+
+import math
+
+from aiohttp import web
+
+from rallypoint import hostfile, render
+from rallypoint.errors import HostfileError
+from rallypoint.metrics import CONTENT_TYPE
+from rallypoint.model import Env
+from rallypoint.reasons import Reason
+from rallypoint.rendezvous import Rendezvous
+from rallypoint.server.common import NO_STORE, NODE, error_response, observe, single_query
+
+#: Requests to the local API carry no body.
+LOCAL_MAX_BYTES = 1024
+#: ?wait= is capped so an idle client cannot hold a connection forever; clients loop.
+MAX_WAIT_S = 300.0
+
+
+def local_app(node: Rendezvous) -> web.Application:
+    """The local API: /env, /hostfile, /readyz, /livez, /status, /metrics."""
+    app = web.Application(client_max_size=LOCAL_MAX_BYTES, middlewares=[observe("local")])
+    app[NODE] = node
+    app.router.add_get("/env", _env)
+    app.router.add_get("/hostfile", _hostfile)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/livez", _livez)
+    app.router.add_get("/status", _status)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def _not_ready(reasons: list[Reason]) -> web.Response:
+    body = {"ready": False, "reasons": [r.as_json() for r in reasons]}
+    return web.json_response(body, status=503, headers=NO_STORE)
+
+
+#: /env's constant headers per format (Content-Type spelled out: the body is ready bytes).
+_ENV_HEADERS = {
+    "json": {**NO_STORE, "Content-Type": "application/json; charset=utf-8"},
+    "sh": {**NO_STORE, "Content-Type": "text/plain; charset=utf-8"},
+    "dotenv": {**NO_STORE, "Content-Type": "text/plain; charset=utf-8"},
+}
+
+
+async def _ready_env(request: web.Request, params: dict[str, str]) -> Env | web.Response:
+    """The env to serve once ?wait= is honoured, or the answer: 400 bad wait, 503 not ready."""
+    node = request.app[NODE]
+    if "wait" in params:
+        try:
+            wait_s = float(params["wait"])
+        except ValueError:
+            wait_s = math.nan
+        if not math.isfinite(wait_s) or wait_s < 0:
+            return error_response(
+                400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
+            )
+        await node.wait_ready(min(wait_s, MAX_WAIT_S))
+    env = node.env
+    if not node.ready or env is None:
+        return _not_ready(node.reasons())
+    return env
+
+
+async def _env(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    # Most calls carry no query: skip parsing it.
+    params = single_query(request, ("format", "wait")) if request.query_string else {}
+    fmt = params.get("format", "json")
+    if fmt not in render.FORMATS:
+        return error_response(400, f"format {fmt!r} is not one of {', '.join(render.FORMATS)}")
+    env = await _ready_env(request, params)
+    if isinstance(env, web.Response):
+        return env
+    headers = dict(_ENV_HEADERS[fmt])
+    headers["X-Rallypoint-Generation"] = node.generation or ""
+    # Rendered once per (env, format): json's indent=2 takes the pure-Python encoder.
+    return web.Response(body=render.render_bytes(env.values, fmt), headers=headers)
+
+
+async def _hostfile(request: web.Request) -> web.Response:
+    """The nodes as ``host slots=N`` lines in rank order (DeepSpeed, Open MPI), when ready."""
+    node = request.app[NODE]
+    params = single_query(request, ("wait",)) if request.query_string else {}
+    env = await _ready_env(request, params)
+    if isinstance(env, web.Response):
+        return env
+    try:
+        slot_count = hostfile.slots(env.as_dict(), node.settings.nproc_per_node)
+        text = hostfile.render(node.spec.hosts, slot_count)
+    except HostfileError as exc:
+        return error_response(409, str(exc), "no_hostfile")
+    headers = dict(_ENV_HEADERS["sh"])
+    headers["X-Rallypoint-Generation"] = node.generation or ""
+    return web.Response(body=text.encode(), headers=headers)
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    if node.ready:
+        return web.Response(text="ready\n", headers=NO_STORE)
+    reasons = node.reasons()
+    first = reasons[0] if reasons else Reason("starting", "the sidecar is starting")
+    more = f" (+{len(reasons) - 1} more, see /status)" if len(reasons) > 1 else ""
+    return web.Response(
+        status=503, text=f"not ready: {first.code}: {first.message}{more}\n", headers=NO_STORE
+    )
+
+
+async def _livez(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n", headers=NO_STORE)
+
+
+async def _status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[NODE].status(), headers=NO_STORE)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    headers = dict(NO_STORE)
+    headers["Content-Type"] = CONTENT_TYPE
+    return web.Response(body=request.app[NODE].metrics.render(), headers=headers)

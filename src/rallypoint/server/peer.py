@@ -1,0 +1,148 @@
+"""The peer API: join, the cluster document, readiness, pokes and reports; signed with a token."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from rallypoint import wire
+from rallypoint.reasons import Reason
+from rallypoint.rendezvous import Rendezvous
+from rallypoint.server.common import NO_STORE, NODE, json_line, log, observe, single_query
+
+TASK = web.AppKey("rendezvous_task", asyncio.Task[None])
+
+#: A join body is a few hundred bytes; anything near this is not a peer of ours.
+PEER_MAX_BYTES = 64 * 1024
+#: A peer that stops mid-body is answered 408 after this, so it cannot pin a handler.
+BODY_TIMEOUT_S = 5.0
+
+
+def peer_app(node: Rendezvous, *, run_rendezvous: bool = True) -> web.Application:
+    """The peer API; with ``run_rendezvous`` the state machine runs as its background task."""
+    app = web.Application(client_max_size=PEER_MAX_BYTES, middlewares=[observe("peer")])
+    app[NODE] = node
+    app.router.add_post("/v1/join", _join)
+    app.router.add_get("/v1/cluster", _cluster)
+    app.router.add_get("/v1/ready", _ready)
+    app.router.add_post("/v1/poke", _poke)
+    app.router.add_post("/v1/report", _report)
+    if run_rendezvous:
+        app.cleanup_ctx.append(_rendezvous_task)
+    return app
+
+
+async def _rendezvous_task(app: web.Application) -> AsyncIterator[None]:
+    node = app[NODE]
+    # Before mDNS discovery the spec has no host yet: name the task after the session.
+    task = asyncio.create_task(node.run(), name=f"rendezvous-{node.spec.session}")
+    task.add_done_callback(_report_crash(node))
+    app[TASK] = task
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _report_crash(node: Rendezvous) -> Callable[[asyncio.Task[None]], None]:
+    def done(task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("rendezvous_crashed error=%r", exc, exc_info=exc)
+        node.fail(Reason("internal_error", f"the rendezvous stopped: {exc!r}; see the log"))
+
+    return done
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The whole body within BODY_TIMEOUT_S: 408 past it, 400 if the client breaks off."""
+    try:
+        if request.content.is_eof():
+            # The whole body came with the headers (the usual case): read() cannot wait,
+            # so no timer is armed (arming one was ~6 % of a 4096-node master's CPU).
+            return await request.read()
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            return await request.read()
+    except TimeoutError:
+        log.debug("body_timeout route=%s remote=%s", request.path, request.remote)
+        raise web.HTTPRequestTimeout(
+            text=json_line(
+                f"the request body did not arrive within {BODY_TIMEOUT_S:g}s", "body_timeout"
+            ),
+            content_type="application/json",
+        ) from None
+    except (ConnectionResetError, HttpProcessingError) as exc:
+        # The client left (or broke the framing) mid-body: nobody reads the answer, and
+        # aiohttp would log the error with a traceback if it escaped the handler.
+        log.debug("body_broken route=%s remote=%s error=%r", request.path, request.remote, exc)
+        raise web.HTTPBadRequest(
+            text=json_line("the request body ended before its declared length", "bad_request"),
+            content_type="application/json",
+        ) from None
+
+
+async def _join(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _read_body(request)
+    node.auth.verify("POST /v1/join", body, request.headers)
+    answer = node.handle_join(wire.parse_join(body), request.remote)
+    return _signed(node, "200 /v1/join", wire.encode_join_answer(answer))
+
+
+async def _cluster(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    params = single_query(request, ("after",))
+    after = params.get("after")
+    node.auth.verify(f"GET /v1/cluster?after={after or ''}", b"", request.headers)
+    if after is not None:
+        wire.generation(after, "after")
+    doc = await node.handle_cluster(after)
+    book = node.book  # never None here: handle_cluster answers on the master only
+    if doc is None or book is None:
+        return web.Response(status=204, headers=NO_STORE)
+    # The book encoded, hashed and gzipped the document once when it issued it: per answer
+    # only a fresh signature (own timestamp and nonce) over that digest, never O(N) work.
+    encoded = book.encoded(doc)
+    headers = dict(NO_STORE)
+    headers.update(node.auth.sign_digest("200 /v1/cluster", encoded.sha256))
+    payload = encoded.body
+    if encoded.gzipped is not None:
+        headers["Vary"] = "Accept-Encoding"
+        if wire.accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            # The signature covers the decoded body, which HTTP clients hand back.
+            headers["Content-Encoding"] = "gzip"
+            payload = encoded.gzipped
+    return web.Response(body=payload, content_type="application/json", headers=headers)
+
+
+async def _ready(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    node.auth.verify("GET /v1/ready", b"", request.headers)
+    return web.json_response({"ready": node.ready}, headers=NO_STORE)
+
+
+async def _poke(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _read_body(request)
+    node.auth.verify("POST /v1/poke", body, request.headers)
+    node.handle_poke(wire.parse_poke(body))
+    return web.Response(status=204, headers=NO_STORE)
+
+
+async def _report(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _read_body(request)
+    node.auth.verify("POST /v1/report", body, request.headers)
+    verdict = await node.handle_report(wire.parse_report(body))
+    return _signed(node, "200 /v1/report", wire.encode_verdict(verdict))
+
+
+def _signed(node: Rendezvous, context: str, payload: bytes) -> web.Response:
+    headers = dict(NO_STORE)
+    headers.update(node.auth.sign(context, payload))
+    return web.Response(body=payload, content_type="application/json", headers=headers)

@@ -1,0 +1,152 @@
+"""The /status document: readiness, spec, peers, ports, checks and timings of one node."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from rallypoint import wire
+from rallypoint.masterbook import MasterBook
+from rallypoint.model import ClusterSpec, OverrideSource
+from rallypoint.peers import PeerState, PeerTable
+from rallypoint.ports import HeldPort
+from rallypoint.readiness import Readiness
+from rallypoint.settings import Settings
+from rallypoint.verification import Verification
+
+
+def round_s(value: float | None) -> float | None:
+    """Seconds rounded to milliseconds for /status, None kept."""
+    return None if value is None else round(value, 3)
+
+
+def document(
+    *,
+    spec: ClusterSpec,
+    settings: Settings,
+    readiness: Readiness,
+    peers: PeerTable,
+    user: Mapping[str, tuple[str, OverrideSource]],
+    held: Mapping[str, HeldPort],
+    auth_enabled: bool,
+    verification: Verification | None,
+    book: MasterBook | None,
+    sections: Mapping[str, Callable[[], object]],
+) -> dict[str, object]:
+    """The whole picture for /status."""
+    env = readiness.env
+    overrides = [] if env is None else env.overrides
+    doc = None if verification is None else verification.doc
+    net = wire.NetFacts() if verification is None else verification.net
+    out: dict[str, object] = {
+        "ready": readiness.ready,
+        "reasons": [r.as_json() for r in readiness.reasons()],
+        "generation": None if doc is None else doc.generation,
+        "role": _role(spec),
+        "spec": {
+            "provider": spec.provider,
+            "session": spec.session,
+            "hosts": list(spec.hosts),
+            "rank": spec.rank,
+            "nnodes": spec.nnodes,
+            "master": spec.master if spec.hosts else None,
+            "preferred_port": spec.preferred_port,
+            "loopback_ok": spec.loopback_ok,
+            "facts": dict(spec.facts),
+        },
+        "peers": [peer_json(p) for p in peers.values()],
+        "overrides": [
+            {"key": o.key, "value": o.value, "derived": o.derived, "source": o.source}
+            for o in overrides
+        ],
+        "user_values": sorted(user),
+        "warnings": readiness.warnings(),
+        "env_waiters": readiness.env_waiters,
+        "master_problem": None
+        if readiness.master_problem is None
+        else readiness.master_problem.as_json(),
+        "ports": {
+            name: {
+                "port": port.port,
+                "held": port.held,
+                "skipped": [{"port": s.port, "reason": s.reason} for s in port.skipped],
+            }
+            for name, port in held.items()
+        },
+        "auth": {"enabled": auth_enabled},
+        "network": {
+            "route_ifname": net.ifname,
+            "mtu": net.mtu,
+            "rdma_devices": net.rdma,
+        },
+        "checks": _checks(settings, verification),
+        "timings": {
+            "uptime_s": round_s(readiness.uptime_s),
+            "ready_after_s": round_s(readiness.ready_after_s),
+            "deadline_s": settings.deadline_s,
+        },
+    }
+    if book is not None:
+        out["cluster"] = _cluster(book)
+    for name, section in sections.items():
+        try:
+            out[name] = section()
+        except Exception as exc:
+            out[name] = {"error": str(exc)}
+    return out
+
+
+def peer_json(peer: PeerState) -> dict[str, object]:
+    """One peer as /status shows it."""
+    res = peer.resolution
+    return {
+        "rank": peer.rank,
+        "host": peer.host,
+        "joined": peer.joined,
+        "joined_after_s": round_s(peer.joined_after_s),
+        "addresses": list(peer.addresses),
+        "tf_port": peer.tf_port,
+        "remote": peer.remote,
+        "verified": peer.in_scope,
+        "verdict": None if res is None else str(res.verdict),
+        "resolved": [] if res is None else list(res.addresses),
+        "detail": None if res is None else res.detail,
+        "attempts": 0 if res is None else res.attempts,
+        "resolve_s": None if res is None else round_s(res.elapsed_s),
+    }
+
+
+def _role(spec: ClusterSpec) -> str:
+    if not spec.hosts:
+        return "discovering"
+    return "master" if spec.is_master else "worker"
+
+
+def _checks(settings: Settings, verification: Verification | None) -> dict[str, object]:
+    windows = None if verification is None else verification.windows
+    check = None if verification is None else verification.check
+    out: dict[str, object] = {
+        "enabled": settings.probe,
+        "windows": {} if windows is None else dict(windows.state),
+    }
+    if check is not None:
+        out.update(check.status())
+    return out
+
+
+def _cluster(book: MasterBook) -> list[dict[str, object]]:
+    """The master's view: each node's last report of the current generation (first 256)."""
+    nodes: list[dict[str, object]] = []
+    for rank, report in sorted(book.reports.items())[:256]:
+        nodes.append(
+            {
+                "rank": rank,
+                "host": report.host,
+                "passed": report.passed,
+                "failures": len(report.failures),
+                "busy": sorted(report.busy),
+                "route_ifname": report.net.ifname,
+                "mtu": report.net.mtu,
+                "rdma_devices": report.net.rdma,
+            }
+        )
+    return nodes
