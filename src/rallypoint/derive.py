@@ -33,7 +33,6 @@ from rallypoint import tfconfig
 from rallypoint.errors import ConfigError, OverrideError, TFConfigError
 from rallypoint.model import (
     DEFAULT_JAX_PORT,
-    DEFAULT_MASTER_PORT,
     FRAMEWORKS,
     ClusterDoc,
     ClusterSpec,
@@ -41,6 +40,7 @@ from rallypoint.model import (
     Env,
     Override,
     OverrideSource,
+    master_ports,
 )
 
 #: Every variable that may ever be served, in the order it is served.
@@ -135,6 +135,11 @@ def user_values(
             )
         found[key] = (value, "--set")
     return found
+
+
+def user_port(text: str) -> int | None:
+    """The port a user's MASTER_PORT or PET_MASTER_PORT names; None when it is not a port."""
+    return int(text) if _INT.fullmatch(text) and 1 <= int(text) <= 65535 else None
 
 
 def check_values(user: Mapping[str, tuple[str, OverrideSource]]) -> None:
@@ -290,9 +295,7 @@ def _check_inputs(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOpti
 def _master_port(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) -> int:
     if doc is not None:
         return doc.master_port
-    if options.master_port is not None:
-        return options.master_port
-    return spec.preferred_port or DEFAULT_MASTER_PORT
+    return master_ports(options.master_port, spec.preferred_port)[0]
 
 
 def _jax_port(doc: ClusterDoc | None, options: DeriveOptions, *, required: bool) -> int | None:
@@ -381,7 +384,7 @@ def _check_value(key: str, value: str, source: OverrideSource) -> None:
         return OverrideError(f"{key}={_show(value)} from {_where(source)} {problem}")
 
     if key in ("MASTER_PORT", "PET_MASTER_PORT"):
-        if not _INT.fullmatch(value) or not 1 <= int(value) <= 65535:
+        if user_port(value) is None:
             raise bad("is not a port: use an integer from 1 to 65535")
     elif key in ("NNODES", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         if not _INT.fullmatch(value) or int(value) < 1:
