@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +79,16 @@ def test_all_pure_modules_together_import_no_io() -> None:
 def test_the_probe_detects_an_io_import() -> None:
     # The probe must be able to fail: a transitive I/O import (http.client -> socket) is caught.
     assert "socket" in _probe(["http.client"])["after"]
+
+
+def test_only_the_cli_package_imports_click() -> None:
+    # One adapter per library: click stays in rallypoint/cli/, so the rest runs without it.
+    src = Path(__file__).resolve().parents[2] / "src" / "rallypoint"
+    cli = src / "cli"
+    importers = [
+        path.relative_to(src).as_posix()
+        for path in sorted(src.rglob("*.py"))
+        if re.search(r"^\s*(import click|from click\b)", path.read_text(), re.MULTILINE)
+    ]
+    assert importers, "the scan found no click import at all"
+    assert [name for name in importers if not (src / name).is_relative_to(cli)] == []
