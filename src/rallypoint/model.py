@@ -146,6 +146,6 @@ def master_ports(
     """The master ports to try, best first: --master-port, the provider's, the default.
 
     A user-set MASTER_PORT is not among them: it wins over all three and is taken
-    exactly, never replaced by another port (derive.user_port reads it).
+    exactly, never replaced by another port (overrides.user_port reads it).
     """
     return [port for port in (preferred, provider, default) if port is not None]

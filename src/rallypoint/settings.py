@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -123,28 +123,39 @@ def from_mapping(values: Mapping[str, Any], labels: Mapping[str, str] | None = N
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(sorted(unknown))}")
     given = dict(values)
-    for name in ("local_hosts", "mdns_interfaces"):
-        if name in given:
-            given[name] = _unique(given[name])
-    if not given.get("local_hosts", True):
-        del given["local_hosts"]  # none given: the loopback default
+    if "local_hosts" in given:
+        given["local_hosts"] = _unique(given["local_hosts"]) or _DEFAULTS.local_hosts
+    if "mdns_interfaces" in given:
+        given["mdns_interfaces"] = _unique(given["mdns_interfaces"])
     if "peer_host" in given:
         given["peer_host"] = (given["peer_host"] or _DEFAULTS.peer_host).strip()
     if "frameworks" in given:
         given["frameworks"] = frozenset(given["frameworks"])
     if "sets" in given:
         given["sets"] = tuple(given["sets"])
+    if "tf_layout" in given:
+        try:
+            given["tf_layout"] = tf_layout(given["tf_layout"])
+        except ConfigError as exc:
+            raise ConfigError(f"{_label(labels, 'tf_layout')}: {exc}") from exc
     settings = Settings(**given)
-    _check(settings, set(values), lambda name: (labels or {}).get(name) or _flag(name))
+    _check(settings, set(values), labels)
     return settings
 
 
-def _check(settings: Settings, given: set[str], label: Callable[[str], str]) -> None:
+def tf_layout(text: str) -> str:
+    """A TF_CONFIG layout as Settings holds it (trimmed, lower case); ConfigError if unknown."""
+    layout = text.strip().lower()
+    tfconfig.parse_layout(layout)
+    return layout
+
+
+def _check(settings: Settings, given: set[str], labels: Mapping[str, str] | None) -> None:
     """ConfigError for values that are fine alone but not together."""
     if settings.backoff_initial_s > settings.backoff_max_s:
         raise ConfigError(
-            f"{label('backoff_initial_s')} {settings.backoff_initial_s:g} is above "
-            f"{label('backoff_max_s')} {settings.backoff_max_s:g}: "
+            f"{_label(labels, 'backoff_initial_s')} {settings.backoff_initial_s:g} is above "
+            f"{_label(labels, 'backoff_max_s')} {settings.backoff_max_s:g}: "
             "make the first delay the smaller one"
         )
     if "peer_port" in given and settings.local_port == settings.peer_port:
@@ -152,15 +163,11 @@ def _check(settings: Settings, given: set[str], label: Callable[[str], str]) -> 
             f"--local-port and --peer-port are both {settings.local_port}: "
             "give them different ports"
         )
-    if "tf_layout" in given:
-        try:
-            tfconfig.parse_layout(settings.tf_layout)
-        except ConfigError as exc:
-            raise ConfigError(f"{label('tf_layout')}: {exc}") from exc
 
 
-def _flag(name: str) -> str:
-    return "--" + name.removesuffix("_s").replace("_", "-")
+def _label(labels: Mapping[str, str] | None, name: str) -> str:
+    """Where a field's value came from: its label, else its flag."""
+    return (labels or {}).get(name) or "--" + name.removesuffix("_s").replace("_", "-")
 
 
 def _unique(items: Iterable[str]) -> tuple[str, ...]:

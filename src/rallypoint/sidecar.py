@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from rallypoint import derive, netinfo, ports, providers, resolve, server, tfconfig
+from rallypoint import derive, netinfo, overrides, ports, providers, resolve, server, tfconfig
 from rallypoint.auth import Authenticator
 from rallypoint.errors import ClusterSpecError, PortError, TFConfigError
 from rallypoint.metrics import Metrics
@@ -213,7 +213,7 @@ class Sidecar:
         settings = self.settings
         if "MASTER_PORT" in user:
             text, source = user["MASTER_PORT"]
-            wanted = derive.user_port(text)
+            wanted = overrides.user_port(text)
             if wanted is not None:
                 # The user's port must be exactly that port: never fall back to another, and
                 # never refuse it for lying in the ephemeral range (the user chose it).

@@ -16,6 +16,7 @@ PURE = [
     "rallypoint.settings",
     "rallypoint.providers",
     "rallypoint.derive",
+    "rallypoint.overrides",
     "rallypoint.tfconfig",
     "rallypoint.render",
     "rallypoint.wire",

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from click.core import ParameterSource
 
+from rallypoint import settings
+from rallypoint.errors import ConfigError
 from rallypoint.model import DEFAULT_MASTER_PORT
 from rallypoint.settings import Settings
 
@@ -173,12 +175,15 @@ class _KeyValue(_ParamType):
 
 
 class _TFLayout(_ParamType):
-    """A TF_CONFIG layout, trimmed and lower-cased; settings.from_mapping checks it."""
+    """A TF_CONFIG layout, as settings.tf_layout reads it."""
 
     name = "workers|chief|evaluator|ps:N"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        return str(value).strip().lower()
+        try:
+            return settings.tf_layout(str(value))
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 class _Provider(_ParamType):

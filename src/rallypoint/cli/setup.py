@@ -11,7 +11,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from rallypoint import auth, settings
+from rallypoint import settings
 from rallypoint.cli.options import where
 from rallypoint.errors import ConfigError
 from rallypoint.logs import configure_logging
@@ -46,6 +46,10 @@ def _flatten(groups: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
 
 def _read_token(ctx: click.Context, environ: Mapping[str, str]) -> str | None:
     """The session secret: --token-file (flag) > RALLYPOINT_TOKEN > RALLYPOINT_TOKEN_FILE."""
+    # Imported here: `check` and the other client commands take no token, and auth pulls in
+    # hashlib, hmac and secrets (random), which a HEALTHCHECK run every few seconds skips.
+    from rallypoint import auth
+
     return auth.load_token(
         ctx.params.get("token_file"),
         environ.get("RALLYPOINT_TOKEN") or None,
