@@ -23,8 +23,9 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
-from rallypoint.errors import AuthError
+from rallypoint.errors import AuthError, ConfigError
 
 TIMESTAMP_HEADER = "X-Rallypoint-Timestamp"
 NONCE_HEADER = "X-Rallypoint-Nonce"
@@ -45,6 +46,31 @@ _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _NONCE = re.compile(r"[0-9a-f]{32}")
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
 _REMEDY = "give every node the same RALLYPOINT_TOKEN (or --token-file)"
+
+
+def load_token(
+    path: str | None, direct: str | None, *, where: str, both_from_env: bool = False
+) -> str | None:
+    """The session secret: the file at ``path`` (named ``where`` in messages), else ``direct``.
+
+    ``both_from_env``: the path came from RALLYPOINT_TOKEN_FILE, so a RALLYPOINT_TOKEN
+    beside it is ambiguous (a --token-file flag simply wins). ConfigError when the file
+    cannot be read or is empty.
+    """
+    if path and direct and both_from_env:
+        raise ConfigError("both RALLYPOINT_TOKEN and RALLYPOINT_TOKEN_FILE are set: keep one")
+    if not path:
+        return direct
+    try:
+        token = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ConfigError(
+            f"{where} {path!r} cannot be read ({reason}): check the path and its permissions"
+        ) from exc
+    if not token:
+        raise ConfigError(f"{where} {path!r} is empty: put the session secret in it")
+    return token
 
 
 class Authenticator:

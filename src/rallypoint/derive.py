@@ -26,14 +26,12 @@ of JAX_COORDINATOR_ADDRESS follows MASTER_ADDR; its port is the coordinator's ow
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from rallypoint import names, tfconfig
+from rallypoint import overrides, tfconfig
 from rallypoint.errors import ConfigError, OverrideError, TFConfigError
 from rallypoint.model import (
     DEFAULT_JAX_PORT,
-    DEFAULT_MASTER_PORT,
     FRAMEWORKS,
     ClusterDoc,
     ClusterSpec,
@@ -41,6 +39,7 @@ from rallypoint.model import (
     Env,
     Override,
     OverrideSource,
+    master_ports,
 )
 
 #: Every variable that may ever be served, in the order it is served.
@@ -98,20 +97,10 @@ FRAMEWORK_OF: Mapping[str, str | None] = {
 #: Served as RALLYPOINT_GENERATION by `rallypoint derive`: no rendezvous happened.
 OFFLINE_GENERATION = "offline"
 
-#: Set per process by torchrun (or the user's launcher) when a node runs several processes.
-PER_PROCESS_KEYS = ("RANK", "WORLD_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "JAX_PROCESS_ID")
-
 #: The coordinator listens on every interface: on a host with several NICs a bind to the
 #: address its name resolves to may pick one that peers cannot reach. gRPC reads "[::]" as
 #: the wildcard and falls back to 0.0.0.0 where IPv6 is off.
 JAX_BIND_HOST = "::"
-
-# torchrun's --nproc-per-node accepts these words besides a number.
-_NPROC_WORDS = frozenset({"auto", "cpu", "gpu", "xpu"})
-_INT = re.compile(r"[0-9]{1,9}")
-_RANGE = re.compile(r"([0-9]{1,9}):([0-9]{1,9})")
-_GENERATION = re.compile(r"[!-~]{1,128}")  # printable ASCII, no blanks
-_MAX_SHOWN = 80
 
 
 def user_values(
@@ -130,8 +119,8 @@ def user_values(
     for key, value in sets:
         if key not in CONTRACT_KEYS:
             raise OverrideError(
-                f"--set {_show(key)}: not a variable rallypoint serves (nothing outside the "
-                f"contract is served); use one of {', '.join(CONTRACT_KEYS)}"
+                f"--set {overrides.show(key)}: not a variable rallypoint serves (nothing "
+                f"outside the contract is served); use one of {', '.join(CONTRACT_KEYS)}"
             )
         found[key] = (value, "--set")
     return found
@@ -143,7 +132,7 @@ def check_values(user: Mapping[str, tuple[str, OverrideSource]]) -> None:
     `serve` calls it before anything listens: such a value could never be served.
     """
     for key, (value, source) in user.items():
-        _check_value(key, value, source)
+        overrides.check_value(key, value, source)
 
 
 def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) -> Env:
@@ -154,7 +143,9 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
     user = dict(options.user)
     for key in user:
         if key not in CONTRACT_KEYS:
-            raise OverrideError(f"{_show(key)} is not a contract variable and is never served")
+            raise OverrideError(
+                f"{overrides.show(key)} is not a contract variable and is never served"
+            )
 
     # 1. What rallypoint itself would serve, before any user value.
     master_addr = options.master_ip or (doc.master_host if doc else spec.master)
@@ -198,27 +189,27 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
 
     # 2. Validate every user value on its own.
     for key, (value, source) in user.items():
-        _check_value(key, value, source)
+        overrides.check_value(key, value, source)
 
     # 3. Effective facts, user values first, then everything served follows them.
     warnings: list[str] = []
     served = {key for key in user if _framework_on(key, frameworks)}
     for key in sorted(set(user) - served, key=CONTRACT_KEYS.index):
         warnings.append(
-            f"{key} set in {_where(user[key][1])} is not served: it belongs to "
+            f"{key} set in {overrides.where(user[key][1])} is not served: it belongs to "
             f"{FRAMEWORK_OF[key]}, which is not among the served frameworks"
         )
     mine = {key: value for key, value in user.items() if key in served}
     values = dict(derived)
-    nproc = _nproc(mine, nproc_default)
-    nnodes_text = _agree(mine, ("NNODES", "PET_NNODES"), numeric=True)
+    nproc = overrides.nproc(mine, nproc_default)
+    nnodes_text = overrides.agree(mine, ("NNODES", "PET_NNODES"), numeric=True)
     nnodes = int(nnodes_text) if nnodes_text is not None else spec.nnodes
     one_proc_ranks = ("RANK", "WORLD_RANK", "JAX_PROCESS_ID")
     rank_keys = ("NODE_RANK", "PET_NODE_RANK") + (one_proc_ranks if nproc == 1 else ())
-    rank_text = _agree(mine, rank_keys, numeric=True)
+    rank_text = overrides.agree(mine, rank_keys, numeric=True)
     node_rank = int(rank_text) if rank_text is not None else spec.rank
-    addr_text = _agree(mine, ("MASTER_ADDR", "PET_MASTER_ADDR"), numeric=False)
-    port_text = _agree(mine, ("MASTER_PORT", "PET_MASTER_PORT"), numeric=True)
+    addr_text = overrides.agree(mine, ("MASTER_ADDR", "PET_MASTER_ADDR"), numeric=False)
+    port_text = overrides.agree(mine, ("MASTER_PORT", "PET_MASTER_PORT"), numeric=True)
     if addr_text is not None:
         values.update(MASTER_ADDR=addr_text, PET_MASTER_ADDR=addr_text)
         if jax_port is not None:
@@ -227,7 +218,7 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
         values.update(MASTER_PORT=str(int(port_text)), PET_MASTER_PORT=str(int(port_text)))
     values.update(NNODES=str(nnodes), PET_NNODES=str(nnodes))
     values.update(NODE_RANK=str(node_rank), PET_NODE_RANK=str(node_rank))
-    for key in ("WORLD_SIZE", *PER_PROCESS_KEYS):
+    for key in ("WORLD_SIZE", *overrides.PER_PROCESS_KEYS):
         values.pop(key, None)
     values.pop("JAX_NUM_PROCESSES", None)
     if nproc is not None:
@@ -240,10 +231,10 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
     for key, (value, _source) in mine.items():
         values[key] = value
 
-    _check_consistency(mine, values, nnodes, node_rank, nproc)
+    overrides.check_consistency(mine, values, nnodes, node_rank, nproc)
 
     # 4. Only keys of the served frameworks, in contract order.
-    overrides = tuple(
+    overridden = tuple(
         Override(key, value, derived.get(key), source)
         for key, (value, source) in sorted(
             mine.items(), key=lambda item: CONTRACT_KEYS.index(item[0])
@@ -255,7 +246,7 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
         if key in values and _framework_on(key, frameworks)
     )
     return Env(
-        values=ordered, overrides=overrides, warnings=tuple(warnings), reserved=doc is not None
+        values=ordered, overrides=overridden, warnings=tuple(warnings), reserved=doc is not None
     )
 
 
@@ -290,9 +281,7 @@ def _check_inputs(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOpti
 def _master_port(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) -> int:
     if doc is not None:
         return doc.master_port
-    if options.master_port is not None:
-        return options.master_port
-    return spec.preferred_port or DEFAULT_MASTER_PORT
+    return master_ports(options.master_port, spec.preferred_port)[0]
 
 
 def _jax_port(doc: ClusterDoc | None, options: DeriveOptions, *, required: bool) -> int | None:
@@ -340,185 +329,3 @@ def _tf_config(
 def _framework_on(key: str, frameworks: frozenset[str]) -> bool:
     framework = FRAMEWORK_OF[key]
     return framework is None or framework in frameworks
-
-
-def _nproc(mine: Mapping[str, tuple[str, OverrideSource]], default: int) -> int | None:
-    """Processes per node: the user's PET_NPROC_PER_NODE, else the option; None when a word."""
-    if "PET_NPROC_PER_NODE" not in mine:
-        return default
-    value = mine["PET_NPROC_PER_NODE"][0]
-    return int(value) if _INT.fullmatch(value) else None
-
-
-def _agree(
-    mine: Mapping[str, tuple[str, OverrideSource]], keys: Sequence[str], *, numeric: bool
-) -> str | None:
-    """The user's value for one fact named by several keys; OverrideError when two disagree."""
-    chosen: tuple[str, str, OverrideSource] | None = None
-    for key in keys:
-        if key not in mine:
-            continue
-        value, source = mine[key]
-        if key == "PET_NNODES" and _RANGE.fullmatch(value):
-            continue  # an elastic MIN:MAX range is checked against NNODES later
-        if chosen is None:
-            chosen = (key, value, source)
-            continue
-        same = int(value) == int(chosen[1]) if numeric else value == chosen[1]
-        if not same:
-            raise OverrideError(
-                f"{key}={_show(value)} from {_where(source)} contradicts "
-                f"{chosen[0]}={_show(chosen[1])} from {_where(chosen[2])}; both name the same "
-                "value: set one of them, or both alike"
-            )
-    return None if chosen is None else chosen[1]
-
-
-def _check_value(key: str, value: str, source: OverrideSource) -> None:
-    """OverrideError when a user value is not well-formed for its key."""
-
-    def bad(problem: str) -> OverrideError:
-        return OverrideError(f"{key}={_show(value)} from {_where(source)} {problem}")
-
-    if key in ("MASTER_PORT", "PET_MASTER_PORT"):
-        if not _INT.fullmatch(value) or not 1 <= int(value) <= 65535:
-            raise bad("is not a port: use an integer from 1 to 65535")
-    elif key in ("NNODES", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        if not _INT.fullmatch(value) or int(value) < 1:
-            raise bad("is not a count: use an integer of at least 1")
-    elif key in ("NODE_RANK", "PET_NODE_RANK", "RANK", "WORLD_RANK", "LOCAL_RANK"):
-        if not _INT.fullmatch(value):
-            raise bad("is not a rank: use an integer of at least 0")
-    elif key == "PET_NNODES":
-        match = _RANGE.fullmatch(value)
-        if match and 1 <= int(match[1]) <= int(match[2]):
-            return
-        if not _INT.fullmatch(value) or int(value) < 1:
-            raise bad("is not a node count: use N >= 1 or an elastic range MIN:MAX")
-    elif key == "PET_NPROC_PER_NODE":
-        if value in _NPROC_WORDS:
-            return
-        if not _INT.fullmatch(value) or int(value) < 1:
-            raise bad("is not a process count: use N >= 1 or one of auto, cpu, gpu, xpu")
-    elif key in ("MASTER_ADDR", "PET_MASTER_ADDR"):
-        if names.host_problem(value, ip=True) is not None:
-            raise bad("is neither a host name (RFC 1123) nor an IP address (IPv6 without brackets)")
-    elif key == "TF_CONFIG":
-        try:
-            tfconfig.validate(value)
-        except TFConfigError as exc:
-            raise bad(f"is not a valid TF_CONFIG: {exc}") from exc
-    elif key in ("JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_BIND_ADDRESS"):
-        try:
-            tfconfig.parse_address(value, f"{key} from {_where(source)}")
-        except TFConfigError as exc:
-            raise OverrideError(str(exc)) from exc
-    elif key == "JAX_NUM_PROCESSES":
-        if not _INT.fullmatch(value) or int(value) < 1:
-            raise bad("is not a count: use an integer of at least 1")
-    elif key == "JAX_PROCESS_ID":
-        if not _INT.fullmatch(value):
-            raise bad("is not a process id: use an integer of at least 0")
-    elif key == "RALLYPOINT_GENERATION":
-        if not _GENERATION.fullmatch(value):
-            raise bad("is not a generation: use 1-128 printable ASCII characters, no blanks")
-    elif key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        _check_ifnames(key, value, bad)
-
-
-def _check_ifnames(key: str, value: str, bad: Callable[[str], OverrideError]) -> None:
-    # NCCL takes an optional "^" (exclude) and "=" (exact match) prefix before a
-    # comma list; gloo takes a plain comma list.
-    names = value
-    if key == "NCCL_SOCKET_IFNAME":
-        names = names.removeprefix("^").removeprefix("=")
-    for name in names.split(","):
-        if (
-            not 1 <= len(name) <= 15
-            or name in (".", "..")
-            or any(char in name for char in "/:")
-            or any(char.isspace() or not char.isprintable() for char in name)
-        ):
-            raise bad(
-                "is not a list of interface names (1-15 characters each, no blanks, '/' or ':')"
-            )
-
-
-def _check_consistency(
-    mine: Mapping[str, tuple[str, OverrideSource]],
-    values: Mapping[str, str],
-    nnodes: int,
-    node_rank: int,
-    nproc: int | None,
-) -> None:
-    """OverrideError when user values contradict each other or the node layout."""
-
-    def culprit(*keys: str) -> str:
-        for key in keys:
-            if key in mine:
-                value, source = mine[key]
-                return f"{key}={_show(value)} from {_where(source)}"
-        return f"{keys[0]}={values.get(keys[0], '?')}"
-
-    if node_rank >= nnodes:
-        at_fault = culprit("NODE_RANK", "PET_NODE_RANK", "RANK", "WORLD_RANK", "NNODES")
-        raise OverrideError(
-            f"{at_fault} puts node rank {node_rank} outside {nnodes} nodes; "
-            f"ranks run 0..{nnodes - 1}"
-        )
-    pet_nnodes = mine.get("PET_NNODES", ("", "environment"))[0]
-    elastic = _RANGE.fullmatch(pet_nnodes)
-    if elastic and not int(elastic[1]) <= nnodes <= int(elastic[2]):
-        raise OverrideError(
-            f"{culprit('PET_NNODES')} does not include NNODES={nnodes}; widen the range"
-        )
-    per_process = [key for key in PER_PROCESS_KEYS if key in mine]
-    if nproc != 1 and per_process:
-        count = "several" if nproc is None else str(nproc)
-        launcher = "your launcher" if per_process[0] == "JAX_PROCESS_ID" else "torchrun"
-        raise OverrideError(
-            f"{culprit(*per_process)} is set per process by {launcher} when a node runs "
-            f"{count} processes; unset it, or run one process per node"
-        )
-    for key in ("WORLD_SIZE", "JAX_NUM_PROCESSES"):
-        if key in mine:
-            _check_world(key, mine, nnodes, nproc, culprit)
-    if nproc == 1:
-        if "LOCAL_WORLD_SIZE" in mine and int(mine["LOCAL_WORLD_SIZE"][0]) != 1:
-            raise OverrideError(
-                f"{culprit('LOCAL_WORLD_SIZE')} contradicts one process per node; set it to 1"
-            )
-        if "LOCAL_RANK" in mine and int(mine["LOCAL_RANK"][0]) != 0:
-            raise OverrideError(
-                f"{culprit('LOCAL_RANK')} is out of range for one process per node; set it to 0"
-            )
-
-
-def _check_world(
-    key: str,
-    mine: Mapping[str, tuple[str, OverrideSource]],
-    nnodes: int,
-    nproc: int | None,
-    culprit: Callable[..., str],
-) -> None:
-    """OverrideError when a user's process count (WORLD_SIZE, JAX_NUM_PROCESSES) is off."""
-    world = int(mine[key][0])
-    if nproc is not None and world != nnodes * nproc:
-        raise OverrideError(
-            f"{culprit(key)} contradicts NNODES {nnodes} x nproc-per-node "
-            f"{nproc} = {nnodes * nproc}; {key} counts processes, not nodes"
-        )
-    if nproc is None and world % nnodes:
-        raise OverrideError(
-            f"{culprit(key)} is not a multiple of NNODES {nnodes}; "
-            f"{key} counts processes across all nodes"
-        )
-
-
-def _where(source: OverrideSource) -> str:
-    return "the environment" if source == "environment" else "--set"
-
-
-def _show(value: str) -> str:
-    text = repr(value)
-    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."

@@ -1,4 +1,4 @@
-"""One base error and a leaf per failure; only cli.py maps them to exit codes."""
+"""One base error and a leaf per failure; only the cli package maps them to exit codes."""
 
 from __future__ import annotations
 

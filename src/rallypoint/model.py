@@ -12,6 +12,8 @@ FRAMEWORKS = frozenset({"torch", "tf", "jax"})
 DEFAULT_FRAMEWORKS = frozenset({"torch", "tf"})
 
 DEFAULT_MASTER_PORT = 29500
+#: Preferred TF worker port: the one TensorFlow's own examples use.
+DEFAULT_TF_PORT = 2222
 #: Preferred JAX coordinator port: the one JAX's own Cloud TPU cluster detection uses.
 DEFAULT_JAX_PORT = 8476
 DEFAULT_LOCAL_PORT = 7780
@@ -116,7 +118,7 @@ class DeriveOptions:
     #: spec's preferred port, else DEFAULT_MASTER_PORT.
     master_port: int | None = None
     #: Offline only (no cluster document): every node's TF worker port.
-    tf_port: int = 2222
+    tf_port: int = DEFAULT_TF_PORT
     #: Offline only (no cluster document): the JAX coordinator port shown.
     jax_port: int = DEFAULT_JAX_PORT
 
@@ -136,3 +138,14 @@ class Env:
 
     def get(self, key: str) -> str | None:
         return dict(self.values).get(key)
+
+
+def master_ports(
+    preferred: int | None, provider: int | None, default: int = DEFAULT_MASTER_PORT
+) -> list[int]:
+    """The master ports to try, best first: --master-port, the provider's, the default.
+
+    A user-set MASTER_PORT is not among them: it wins over all three and is taken
+    exactly, never replaced by another port (overrides.user_port reads it).
+    """
+    return [port for port in (preferred, provider, default) if port is not None]

@@ -17,9 +17,13 @@ import random
 import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rallypoint.reasons import Reason
-from rallypoint.settings import Settings
+
+if TYPE_CHECKING:
+    # Settings reads TF layouts through tfconfig, which checks host names here.
+    from rallypoint.settings import Settings
 
 #: Sessions up to this many nodes verify every name under scope "auto".
 AUTO_ALL_MAX_NODES = 64

@@ -1,16 +1,22 @@
-"""The one frozen Settings value, built once in cli.py from flags and RALLYPOINT_* variables."""
+"""The one frozen Settings value, built and checked from a mapping of flag or variable values."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
+from rallypoint import tfconfig
+from rallypoint.errors import ConfigError
 from rallypoint.model import (
     DEFAULT_FRAMEWORKS,
     DEFAULT_JAX_PORT,
     DEFAULT_LOCAL_PORT,
     DEFAULT_MASTER_PORT,
     DEFAULT_PEER_PORT,
+    DEFAULT_TF_PORT,
+    DeriveOptions,
+    OverrideSource,
 )
 
 Scope = Literal["auto", "all", "master"]
@@ -37,7 +43,7 @@ class Settings:
     #: Range searched when the preferred port is taken; kept outside the ephemeral range.
     port_range: tuple[int, int] = (20000, 29999)
     #: Preferred TF worker port; when taken, the next free port in port_range.
-    tf_port: int = 2222
+    tf_port: int = DEFAULT_TF_PORT
     #: Preferred JAX coordinator port (master only, with jax served); a user-set
     #: JAX_COORDINATOR_ADDRESS's port still wins.
     jax_port: int = DEFAULT_JAX_PORT
@@ -79,3 +85,90 @@ class Settings:
     # Logging.
     log_format: Literal["text", "json"] = "text"
     verbose: bool = False
+
+    def derive_options(
+        self,
+        user: Mapping[str, tuple[str, OverrideSource]],
+        *,
+        master_ip: str | None = None,
+        ifname: str | None = None,
+    ) -> DeriveOptions:
+        """What derivation needs from these settings; offline the preferred ports are shown."""
+        return DeriveOptions(
+            nproc_per_node=self.nproc_per_node,
+            frameworks=self.frameworks,
+            tf_layout=self.tf_layout,
+            master_ip=master_ip if self.master_addr_mode == "ip" else None,
+            ifname=ifname,
+            nccl_ifname=self.emit_ifname is True,
+            user=user,
+            master_port=self.master_port,  # None: the provider's preferred port, else 29500
+            tf_port=self.tf_port,
+            jax_port=self.jax_port,
+        )
+
+
+_FIELDS = frozenset(f.name for f in fields(Settings))
+_DEFAULTS = Settings()
+
+
+def from_mapping(values: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> Settings:
+    """Settings from values keyed by field name (absent: the default), checked as a whole.
+
+    ``labels`` names where a field's value came from (a flag or a RALLYPOINT_* variable),
+    for messages; a field without a label is named by its flag. ConfigError names the
+    values at fault and the remedy.
+    """
+    unknown = set(values) - _FIELDS
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(sorted(unknown))}")
+    given = dict(values)
+    if "local_hosts" in given:
+        given["local_hosts"] = _unique(given["local_hosts"]) or _DEFAULTS.local_hosts
+    if "mdns_interfaces" in given:
+        given["mdns_interfaces"] = _unique(given["mdns_interfaces"])
+    if "peer_host" in given:
+        given["peer_host"] = (given["peer_host"] or _DEFAULTS.peer_host).strip()
+    if "frameworks" in given:
+        given["frameworks"] = frozenset(given["frameworks"])
+    if "sets" in given:
+        given["sets"] = tuple(given["sets"])
+    if "tf_layout" in given:
+        try:
+            given["tf_layout"] = tf_layout(given["tf_layout"])
+        except ConfigError as exc:
+            raise ConfigError(f"{_label(labels, 'tf_layout')}: {exc}") from exc
+    settings = Settings(**given)
+    _check(settings, set(values), labels)
+    return settings
+
+
+def tf_layout(text: str) -> str:
+    """A TF_CONFIG layout as Settings holds it (trimmed, lower case); ConfigError if unknown."""
+    layout = text.strip().lower()
+    tfconfig.parse_layout(layout)
+    return layout
+
+
+def _check(settings: Settings, given: set[str], labels: Mapping[str, str] | None) -> None:
+    """ConfigError for values that are fine alone but not together."""
+    if settings.backoff_initial_s > settings.backoff_max_s:
+        raise ConfigError(
+            f"{_label(labels, 'backoff_initial_s')} {settings.backoff_initial_s:g} is above "
+            f"{_label(labels, 'backoff_max_s')} {settings.backoff_max_s:g}: "
+            "make the first delay the smaller one"
+        )
+    if "peer_port" in given and settings.local_port == settings.peer_port:
+        raise ConfigError(
+            f"--local-port and --peer-port are both {settings.local_port}: "
+            "give them different ports"
+        )
+
+
+def _label(labels: Mapping[str, str] | None, name: str) -> str:
+    """Where a field's value came from: its label, else its flag."""
+    return (labels or {}).get(name) or "--" + name.removesuffix("_s").replace("_", "-")
+
+
+def _unique(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))

@@ -12,11 +12,11 @@ from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from rallypoint import derive, netinfo, ports, providers, resolve, server, tfconfig
+from rallypoint import derive, netinfo, overrides, ports, providers, resolve, server, tfconfig
 from rallypoint.auth import Authenticator
 from rallypoint.errors import ClusterSpecError, PortError, TFConfigError
 from rallypoint.metrics import Metrics
-from rallypoint.model import ClusterDoc, ClusterSpec, OverrideSource
+from rallypoint.model import ClusterDoc, ClusterSpec, OverrideSource, master_ports
 from rallypoint.peerhttp import PeerEndpoint
 from rallypoint.probe import ProbeRoute
 from rallypoint.reasons import Reason, discovering_reason
@@ -215,8 +215,8 @@ class Sidecar:
         settings = self.settings
         if "MASTER_PORT" in user:
             text, source = user["MASTER_PORT"]
-            wanted = int(text) if text.strip().isdigit() else None
-            if wanted is not None and 1 <= wanted <= 65535:
+            wanted = overrides.user_port(text)
+            if wanted is not None:
                 # The user's port must be exactly that port: never fall back to another, and
                 # never refuse it for lying in the ephemeral range (the user chose it).
                 try:
@@ -229,11 +229,9 @@ class Sidecar:
                         f"{exc}; free it or unset MASTER_PORT"
                     ) from exc
             # Not a port: check_values refused it before this point.
-        preferred = [
-            p
-            for p in (settings.master_port, spec.preferred_port, settings.default_master_port)
-            if p is not None
-        ]
+        preferred = master_ports(
+            settings.master_port, spec.preferred_port, settings.default_master_port
+        )
         return ports.reserve(preferred, settings.port_range, avoid=self._avoid)
 
     def _reserve_jax(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from rallypoint import derive, names, netinfo, resolve
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.metrics import Metrics
-from rallypoint.model import ClusterDoc, ClusterSpec, DeriveOptions, Env, Member, OverrideSource
+from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSource
 from rallypoint.names import Resolution
 from rallypoint.peers import PeerTable
 from rallypoint.reasons import Reason
@@ -98,15 +98,7 @@ class Verifier:
         """The env for a checked document, or why it cannot be derived."""
         spec = self.spec
         master_ip, ifname = checked.master_ip, checked.ifname
-        options = DeriveOptions(
-            nproc_per_node=self.settings.nproc_per_node,
-            frameworks=self.settings.frameworks,
-            tf_layout=self.settings.tf_layout,
-            master_ip=master_ip if self.settings.master_addr_mode == "ip" else None,
-            ifname=ifname,
-            nccl_ifname=self.settings.emit_ifname is True,
-            user=self.user,
-        )
+        options = self.settings.derive_options(self.user, master_ip=master_ip, ifname=ifname)
         if self.settings.master_addr_mode == "ip" and master_ip is None:
             return Reason(
                 "resolve_failed",

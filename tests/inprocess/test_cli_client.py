@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from rallypoint import cli, client, render
+from rallypoint import cli, client, logs, render
 from rallypoint.errors import NotReady, RendezvousTimeout, SidecarError, SidecarUnreachable
 from tests.unit.test_cli import clean_env
 
@@ -127,7 +127,7 @@ def fake() -> Iterator[FakeLocalAPI]:
 def _drop_cli_log_handler() -> Iterator[None]:
     yield
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, cli._Handler)]:
+    for handler in [h for h in root.handlers if isinstance(h, logs.Handler)]:
         root.removeHandler(handler)
 
 

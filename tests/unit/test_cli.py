@@ -15,7 +15,9 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from rallypoint import cli
+from rallypoint import cli, logs
+from rallypoint.cli import output
+from rallypoint.cli import setup as cli_setup
 from rallypoint.errors import (
     ClusterSpecError,
     ConfigError,
@@ -56,7 +58,7 @@ def _drop_cli_log_handler() -> Iterator[None]:
     """The runner swaps sys.stderr; do not leave a handler on a closed stream behind."""
     yield
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, cli._Handler)]:
+    for handler in [h for h in root.handlers if isinstance(h, logs.Handler)]:
         root.removeHandler(handler)
 
 
@@ -207,7 +209,7 @@ def test_settings_precedence(
 
 def _settings(command: click.Command, args: list[str]) -> Settings:
     with command.make_context("serve", args) as ctx:
-        return cli.build_settings(ctx, {})
+        return cli_setup.build_settings(ctx, {})
 
 
 def test_boolean_flags_follow_the_same_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,9 +235,9 @@ def test_token_from_variable_and_from_file(tmp_path: Path) -> None:
     secret_file.write_text("from-file\n")
     command = cli.app.commands["serve"]
     with command.make_context("serve", []) as ctx:
-        assert cli.build_settings(ctx, {"RALLYPOINT_TOKEN": "direct"}).token == "direct"
+        assert cli_setup.build_settings(ctx, {"RALLYPOINT_TOKEN": "direct"}).token == "direct"
     with command.make_context("serve", ["--token-file", str(secret_file)]) as ctx:
-        settings = cli.build_settings(ctx, {"RALLYPOINT_TOKEN": "direct"})
+        settings = cli_setup.build_settings(ctx, {"RALLYPOINT_TOKEN": "direct"})
     assert settings.token == "from-file"
     assert "from-file" not in repr(settings)
 
@@ -264,7 +266,7 @@ def test_token_never_reaches_the_output(tmp_path: Path) -> None:
 def test_configured_logging_redacts_the_token(
     capsys: pytest.CaptureFixture[str], log_format: str
 ) -> None:
-    cli.configure_logging(log_format, verbose=True, secret="hunter2-secret")
+    logs.configure_logging(log_format, verbose=True, secret="hunter2-secret")
     logging.getLogger("rallypoint.test").info("auth.token %s", "hunter2-secret")
     err = capsys.readouterr().err
     assert "auth.token" in err
@@ -277,11 +279,11 @@ def test_log_formatter_redacts_the_secret_and_keeps_fields() -> None:
         {"name": "rallypoint.x", "levelname": "INFO", "msg": "join.accepted", "args": None}
     )
     record.__dict__.update(rank=2, note="key=hunter2")
-    doc = json.loads(cli._JsonFormatter("hunter2").format(record))
+    doc = json.loads(logs.JsonFormatter("hunter2").format(record))
     assert doc["event"] == "join.accepted"
     assert doc["rank"] == 2
     assert doc["note"] == "key=[redacted]"
-    text = cli._TextFormatter("hunter2").format(record)
+    text = logs.TextFormatter("hunter2").format(record)
     assert "rank=2" in text
     assert "hunter2" not in text
 
@@ -390,7 +392,7 @@ def test_verbose_adds_the_traceback_for_errors_raised_by_the_command() -> None:
     ],
 )
 def test_exit_codes(exc: Exception, code: int) -> None:
-    assert cli.exit_code(exc) == code
+    assert output.exit_code(exc) == code
 
 
 # --- help, environment ----------------------------------------------------------------------
@@ -415,9 +417,9 @@ def test_every_option_has_a_rallypoint_variable_shown_in_help(name: str) -> None
 def test_process_environ_adds_hostname_only_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HOSTNAME", raising=False)
     monkeypatch.setattr(socket, "gethostname", lambda: "node-from-kernel")
-    assert cli.process_environ()["HOSTNAME"] == "node-from-kernel"
+    assert cli_setup.process_environ()["HOSTNAME"] == "node-from-kernel"
     monkeypatch.setenv("HOSTNAME", "node-from-shell")
-    assert cli.process_environ()["HOSTNAME"] == "node-from-shell"
+    assert cli_setup.process_environ()["HOSTNAME"] == "node-from-shell"
 
 
 def test_derive_uses_hostname_from_the_kernel_when_unexported(
@@ -434,7 +436,7 @@ def test_derive_uses_hostname_from_the_kernel_when_unexported(
 def test_logged_exceptions_carry_a_traceback_only_when_verbose(
     capsys: pytest.CaptureFixture[str], verbose: bool, traceback_shown: bool
 ) -> None:
-    cli.configure_logging("text", verbose=verbose)
+    logs.configure_logging("text", verbose=verbose)
     try:
         raise OSError(101, "Network is unreachable")
     except OSError:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint import cli
+from rallypoint.cli import output
+from rallypoint.cli import status as cli_status
 
 SIZE = 1 << 20  # big enough that a plain write would be seen half-done
 
@@ -35,7 +36,7 @@ def test_a_reader_never_sees_a_half_written_file(tmp_path: Path) -> None:
     thread.start()
     try:
         for round_ in range(12):
-            cli.write_atomic(target, contents[round_ % len(contents)])
+            output.write_atomic(target, contents[round_ % len(contents)])
     finally:
         stop.set()
         thread.join()
@@ -48,7 +49,7 @@ def test_write_atomic_sets_mode_0644_whatever_the_umask(tmp_path: Path) -> None:
     target = tmp_path / "env"
     old = os.umask(0o077)
     try:
-        cli.write_atomic(target, "A=1\n")
+        output.write_atomic(target, "A=1\n")
     finally:
         os.umask(old)
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
@@ -66,11 +67,11 @@ def test_write_atomic_leaves_no_temporary_file_when_it_fails(
 
     monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(PermissionError):
-        cli.write_atomic(target, "NEW\n")
+        output.write_atomic(target, "NEW\n")
     assert target.read_text() == "OLD\n"
     assert os.listdir(tmp_path) == ["env"]
 
 
 def test_format_status_tolerates_a_minimal_document() -> None:
-    text = cli.format_status({"ready": True})
+    text = cli_status.format_status({"ready": True})
     assert text.split() == ["ready", "yes"]

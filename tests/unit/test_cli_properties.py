@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rallypoint import cli
+from rallypoint import cli, logs
 from tests.unit.test_cli import clean_env
 
 # Variables the providers, the derivation and the CLI read (RALLYPOINT_VERBOSE is left out:
@@ -49,7 +49,7 @@ environments = st.dictionaries(st.sampled_from(KEYS), _plausible, max_size=10)
 def _drop_cli_log_handler() -> Iterator[None]:
     yield
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, cli._Handler)]:
+    for handler in [h for h in root.handlers if isinstance(h, logs.Handler)]:
         root.removeHandler(handler)
 
 

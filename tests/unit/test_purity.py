@@ -16,6 +16,7 @@ PURE = [
     "rallypoint.settings",
     "rallypoint.providers",
     "rallypoint.derive",
+    "rallypoint.overrides",
     "rallypoint.tfconfig",
     "rallypoint.render",
     "rallypoint.wire",
@@ -85,23 +86,29 @@ def test_the_probe_detects_an_io_import() -> None:
 SRC = Path(__file__).resolve().parents[2] / "src" / "rallypoint"
 
 
-def _imports_aiohttp_web(path: Path) -> bool:
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module is not None:
-            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
-        else:
-            continue
-        if any(name.startswith("aiohttp.web") for name in names):
-            return True
-    return False
+def _importers(library: str) -> set[str]:
+    """The modules under src/rallypoint that import ``library`` or one of its submodules."""
+    found = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module is not None and not node.level:
+                names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            else:
+                continue
+            if any(name == library or name.startswith(f"{library}.") for name in names):
+                found.add(path.relative_to(SRC).as_posix())
+    return found
 
 
-def test_only_the_server_package_imports_aiohttp_web() -> None:
-    importers = {
-        path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py") if _imports_aiohttp_web(path)
-    }
-    # The scan must be able to fail: the server package itself is found.
-    assert "server/__init__.py" in importers
-    assert {name for name in importers if not name.startswith("server/")} == set()
+@pytest.mark.parametrize(
+    ("library", "package", "known"),
+    [("aiohttp.web", "server/", "server/__init__.py"), ("click", "cli/", "cli/__init__.py")],
+)
+def test_one_package_imports_each_framework(library: str, package: str, known: str) -> None:
+    # One adapter per library: the rest of the code runs without it.
+    importers = _importers(library)
+    # The scan must be able to fail: the adapter package itself is found.
+    assert known in importers
+    assert {name for name in importers if not name.startswith(package)} == set()
