@@ -17,7 +17,9 @@ PURE = [
     "rallypoint.tfconfig",
     "rallypoint.render",
     "rallypoint.wire",
-    "rallypoint.discovery",
+    "rallypoint.mdns.txt",
+    "rallypoint.mdns.ranks",
+    "rallypoint.lifecycle",
     "rallypoint.reasons",
     "rallypoint.hostfile",
 ]
