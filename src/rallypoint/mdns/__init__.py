@@ -1,4 +1,4 @@
-"""mDNS: announce this node, browse for peers, the TXT codec and the sidecar's discovery loop.
+"""mDNS: the announcement codec, browsing, announcing and the sidecar's discovery loop."""
 
-Import the submodule you need: txt and ranks are pure, announce and browse use zeroconf.
-"""
+# Deliberately empty: importing the package must not import zeroconf, so that txt and
+# ranks stay pure. Import the submodule you need (rallypoint.mdns.announce.Mdns, ...).

@@ -7,18 +7,17 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rallypoint.errors import ClusterSpecError, PortError
 from rallypoint.mdns.ranks import assign_ranks
 from rallypoint.reasons import Reason, discovering_reason
 
 if TYPE_CHECKING:
-    from rallypoint.mdns.announce import Mdns
+    from rallypoint.mdns.txt import Announcement
     from rallypoint.metrics import Metrics
     from rallypoint.model import ClusterDoc, ClusterSpec
     from rallypoint.ports import HeldPort
-    from rallypoint.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +28,41 @@ DISCOVERY_SETTLE_S = 2.0
 Reserve = Callable[["ClusterSpec"], Mapping[str, "HeldPort"]]
 
 
+class View(Protocol):
+    """What the loop needs of mDNS (an Mdns): this node's host, its peers and announcing."""
+
+    @property
+    def host(self) -> str: ...
+
+    def peers(self) -> list[Announcement]: ...
+
+    async def announce(self, *, rank: int, generation: str, addresses: Sequence[str]) -> None: ...
+
+
+class Node(Protocol):
+    """What the loop needs of the rendezvous: the spec, readiness reasons and a wake-up."""
+
+    @property
+    def spec(self) -> ClusterSpec: ...
+
+    @property
+    def spec_known(self) -> bool: ...
+
+    @property
+    def generation(self) -> str | None: ...
+
+    @property
+    def addresses(self) -> Sequence[str]: ...
+
+    def adopt(self, spec: ClusterSpec, held: Mapping[str, HeldPort]) -> None: ...
+
+    def discovering(self, reason: Reason) -> None: ...
+
+    def fail(self, reason: Reason) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 class DiscoveryLoop:
     """Keeps one node's announcement current and acts on what its mDNS view shows.
 
@@ -36,9 +70,16 @@ class DiscoveryLoop:
     """
 
     def __init__(
-        self, mdns: Mdns, node: Rendezvous, changed: asyncio.Event, metrics: Metrics
+        self,
+        mdns: View,
+        node: Node,
+        changed: asyncio.Event,
+        metrics: Metrics,
+        *,
+        settle_s: float = DISCOVERY_SETTLE_S,
     ) -> None:
         self._mdns = mdns
+        self._settle_s = settle_s
         self._node = node
         self._changed = changed
         self._metrics = metrics
@@ -91,7 +132,7 @@ class DiscoveryLoop:
                 # (RFC 6762 section 5.2), and the ranks are final.
                 self._node.discovering(reason)
                 try:
-                    await asyncio.wait_for(self._changed.wait(), DISCOVERY_SETTLE_S)
+                    await asyncio.wait_for(self._changed.wait(), self._settle_s)
                 except TimeoutError:
                     log.info("mdns_discovered hosts=%s", ",".join(hosts))
                     return dataclasses.replace(spec, hosts=hosts, rank=hosts.index(host))
