@@ -121,3 +121,17 @@ def test_instance_name_is_one_short_label(session: str, host: str) -> None:
 def test_long_instance_names_stay_distinct() -> None:
     names = {txt.instance_name("x" * 80, f"node-{i}") for i in range(50)}
     assert len(names) == 50
+
+
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [
+        ("job-node-a._rallypoint._tcp.local.", "job-node-a"),
+        ("job-node-a-2._rallypoint._tcp.local.", "job-node-a-2"),
+        # Not one of ours: kept whole rather than cut at a guess.
+        ("job-node-a._other._tcp.local.", "job-node-a._other._tcp.local."),
+        ("_rallypoint._tcp.local.", "_rallypoint._tcp.local."),
+    ],
+)
+def test_instance_label_strips_only_our_service_type(name: str, label: str) -> None:
+    assert txt.instance_label(name) == label

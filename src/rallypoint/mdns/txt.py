@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from rallypoint.errors import PeerMessageError
 
+#: The DNS-SD service type every rallypoint node announces (RFC 6763 section 7).
 SERVICE_TYPE = "_rallypoint._tcp.local."
 
 #: Version of the TXT layout; announcements with another version are dropped.
