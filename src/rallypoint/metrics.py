@@ -105,7 +105,7 @@ class Metrics:
 
 
 class _MdnsRejections(Collector):
-    """rallypoint_mdns_rejected_total{reason}: counted by mdns.py, exposed at scrape time."""
+    """rallypoint_mdns_rejected_total{reason}: counted by mdns/browse.py, exposed at scrape time."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics

@@ -4,36 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import signal
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from rallypoint import derive, netinfo, overrides, ports, providers, resolve, server, tfconfig
 from rallypoint.auth import Authenticator
 from rallypoint.errors import ClusterSpecError, PortError, TFConfigError
+from rallypoint.lifecycle import AsyncResource
 from rallypoint.metrics import Metrics
-from rallypoint.model import ClusterDoc, ClusterSpec, OverrideSource, master_ports
+from rallypoint.model import ClusterSpec, OverrideSource, master_ports
 from rallypoint.peerhttp import PeerEndpoint
 from rallypoint.probe import ProbeRoute
-from rallypoint.reasons import Reason, discovering_reason
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
 
 if TYPE_CHECKING:
-    from rallypoint.mdns import Mdns
+    from rallypoint.mdns.announce import Mdns
 
 log = logging.getLogger(__name__)
 
-#: Seconds the mDNS view must stay unchanged before discovered ranks become final.
-DISCOVERY_SETTLE_S = 2.0
 
-
-class Sidecar:
+class Sidecar(AsyncResource):
     """Everything `rallypoint serve` runs, as one async context manager.
 
     Several can run in one event loop (the in-process tests and the demo do): each gets its
@@ -67,8 +62,6 @@ class Sidecar:
         self._mdns: Mdns | None = None
         self._mdns_error: str | None = None
         self._mdns_changed = asyncio.Event()
-        #: The master's last announcement acted on: (instance, generation, addresses).
-        self._master_seen: tuple[str, str, tuple[str, ...]] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.listeners: server.Listeners | None = None
         self.metrics = Metrics()
@@ -82,18 +75,6 @@ class Sidecar:
     @property
     def held_ports(self) -> list[int]:
         return [held.port for held in self.node.held.values()]
-
-    async def __aenter__(self) -> Sidecar:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         """Reserve ports, bind both APIs and start the rendezvous; undone entirely on failure."""
@@ -160,10 +141,13 @@ class Sidecar:
         # Both APIs answer from here on; during discovery the peer API refuses joins (503).
         self.listeners = await stack.enter_async_context(server.Listeners(node, settings))
         if self._mdns is not None:
+            from rallypoint.mdns.loop import DiscoveryLoop
+
             mdns = self._mdns
             self.metrics.mdns_rejections = lambda: mdns.rejections
-            node.on_generation.append(self._announce_generation)
-            self._spawn(self._follow_mdns(mdns, stack, user, addresses))
+            loop = DiscoveryLoop(mdns, node, self._mdns_changed, self.metrics)
+            node.on_generation.append(lambda doc: self._spawn(loop.announce_generation(doc)))
+            self._spawn(loop.run(addresses, lambda spec: self._hold(stack, spec, user)))
 
     async def stop(self) -> None:
         """Readiness 503 first, then the mDNS goodbye, then close everything within the grace."""
@@ -183,7 +167,23 @@ class Sidecar:
         except TimeoutError:
             log.warning("shutdown_timeout grace_s=%g", self.settings.shutdown_grace_s)
 
+    async def close(self) -> None:
+        """What `async with` runs on exit: stop()."""
+        await self.stop()
+
     # -- ports --------------------------------------------------------------------------
+
+    def _hold(
+        self,
+        stack: AsyncExitStack,
+        spec: ClusterSpec,
+        user: Mapping[str, tuple[str, OverrideSource]],
+    ) -> dict[str, ports.HeldPort]:
+        """This node's ports (see _reserve), released when `stack` closes."""
+        held = self._reserve(spec, user)
+        for port in held.values():
+            stack.callback(port.close)
+        return held
 
     def _reserve(
         self, spec: ClusterSpec, user: Mapping[str, tuple[str, OverrideSource]]
@@ -268,7 +268,7 @@ class Sidecar:
             if not host:
                 raise ClusterSpecError("mDNS discovery needs this node's host name: set HOSTNAME")
         try:
-            from rallypoint.mdns import Mdns
+            from rallypoint.mdns.announce import Mdns
 
             mdns = Mdns(
                 session=spec.session,
@@ -283,101 +283,6 @@ class Sidecar:
         except Exception as exc:
             self._mdns_error = f"{type(exc).__name__}: {exc}"
             log.warning("mdns_failed error=%s remedy=%s", self._mdns_error, "HTTP still works")
-
-    async def _follow_mdns(
-        self,
-        mdns: Mdns,
-        stack: AsyncExitStack,
-        user: Mapping[str, tuple[str, OverrideSource]],
-        addresses: Sequence[str],
-    ) -> None:
-        """Discover the spec when it has no hosts, then watch the master's announcement."""
-        node = self.node
-        if not node.spec_known:
-            await self._announce(-1, "", addresses)
-            spec = await self._discover(mdns, node.spec)
-            try:
-                held = self._reserve(spec, user)
-            except PortError as exc:
-                node.fail(Reason("port_unavailable", str(exc), host=spec.host))
-                return
-            for port in held.values():
-                stack.callback(port.close)
-            node.adopt(spec, held)
-        await self._announce(node.spec.rank, node.generation or "", addresses)
-        if node.spec.is_master:
-            return
-        while True:
-            self._mdns_changed.clear()
-            self._check_master(mdns)
-            await self._mdns_changed.wait()
-
-    async def _discover(self, mdns: Mdns, spec: ClusterSpec) -> ClusterSpec:
-        """Wait until mDNS shows exactly NNODES hosts of the session; the spec with their ranks.
-
-        Not-ready reasons say how far it got; more hosts than NNODES is a reason too, kept
-        until the extra announcers leave (their goodbye or stale signatures drop them).
-        """
-        from rallypoint import discovery  # only mDNS discovery assigns ranks
-
-        host = mdns.host
-        while True:
-            self._mdns_changed.clear()
-            peers = mdns.peers()
-            seen = sorted({a.host for a in peers})
-            try:
-                hosts = discovery.assign_ranks(peers, spec.nnodes)
-            except ClusterSpecError as exc:
-                hosts = None
-                reason = Reason("discovery_conflict", str(exc), detail=f"{len(seen)}/{spec.nnodes}")
-            else:
-                reason = discovering_reason(spec.nnodes, seen)
-            if hosts is not None and host in hosts:
-                # Ranks are fixed once assigned, so let the view settle first: a node that
-                # committed on the first NNODES hosts it heard could miss an extra announcer
-                # (and disagree with a node that heard another subset). Nothing new for
-                # DISCOVERY_SETTLE_S, which spans the browser's first repeated query
-                # (RFC 6762 section 5.2), and the ranks are final.
-                self.node.discovering(reason)
-                try:
-                    await asyncio.wait_for(self._mdns_changed.wait(), DISCOVERY_SETTLE_S)
-                except TimeoutError:
-                    log.info("mdns_discovered hosts=%s", ",".join(hosts))
-                    return dataclasses.replace(spec, hosts=hosts, rank=hosts.index(host))
-                continue
-            self.node.discovering(reason)
-            # Signatures expire without an event: look again now and then.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._mdns_changed.wait(), 1.0)
-
-    def _check_master(self, mdns: Mdns) -> None:
-        """mDNS fast path: the master (re)started or changed generation, so re-join at once."""
-        node = self.node
-        for announcement in mdns.peers():
-            if announcement.host != node.spec.master:
-                continue
-            seen = (announcement.instance, announcement.generation, announcement.addresses)
-            if seen == self._master_seen:
-                return
-            self._master_seen = seen
-            # An empty generation is a master without a document yet: it just started.
-            if announcement.generation and announcement.generation == node.generation:
-                return
-            log.info("mdns_master_changed generation=%s", announcement.generation or "-")
-            self.metrics.mdns_wakeups.inc()
-            node.wake()
-            return
-
-    def _announce_generation(self, doc: ClusterDoc) -> None:
-        self._spawn(self._announce(self.node.spec.rank, doc.generation, self.node.addresses))
-
-    async def _announce(self, rank: int, generation: str, addresses: Sequence[str]) -> None:
-        if self._mdns is None:
-            return
-        try:
-            await self._mdns.announce(rank=rank, generation=generation, addresses=addresses)
-        except Exception as exc:
-            log.warning("mdns_announce_failed error=%r", exc)
 
     def _mdns_status(self) -> object:
         if self._mdns is None:

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from rallypoint import wire
 from rallypoint.auth import SIGNATURE_HEADER, Authenticator
-from rallypoint.mdns import Mdns
+from rallypoint.mdns.announce import Mdns
 from rallypoint.model import ClusterDoc, Member
 from tests.conftest import require
 from tests.hardening.harness import (

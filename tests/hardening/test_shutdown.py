@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint.auth import Authenticator
-from rallypoint.mdns import Mdns
+from rallypoint.mdns.announce import Mdns
 from tests.conftest import require
 from tests.hardening.harness import LoopThread, Reply, free_port, request
 

@@ -14,9 +14,12 @@ import pytest
 from zeroconf import IPVersion
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
-from rallypoint import discovery
 from rallypoint.auth import Authenticator
-from rallypoint.mdns import SERVICE_TYPE, Mdns, browse
+from rallypoint.mdns import txt
+from rallypoint.mdns.announce import Mdns
+from rallypoint.mdns.browse import browse
+from rallypoint.mdns.ranks import assign_ranks
+from rallypoint.mdns.txt import SERVICE_TYPE
 from tests.conftest import require
 
 LOOPBACK = ["127.0.0.1"]
@@ -97,7 +100,7 @@ async def rogues(*records: Properties) -> AsyncIterator[list[str]]:
 
 def signed(auth: Authenticator, session: str, host: str) -> dict[str | bytes, str | bytes | None]:
     """The TXT record a node of `session` on `host` announces, signed with `auth`."""
-    fields, _ = discovery.encode_fields(
+    fields, _ = txt.encode_fields(
         session=session, host=host, rank=-1, peer_port=7781, generation="", addresses=["10.9.0.1"]
     )
     record: dict[str | bytes, str | bytes | None] = {}
@@ -144,7 +147,7 @@ async def test_peers_see_each_other_update_and_say_goodbye(
         assert changes
 
         # Same ranks everywhere without talking: every node derives the same order.
-        orders = {discovery.assign_ranks(n.peers(), 3) for n in nodes}
+        orders = {assign_ranks(n.peers(), 3) for n in nodes}
         assert orders == {("node-a", "node-b", "node-c")}
 
         await b.announce(rank=1, generation="gen-2", addresses=["10.9.0.1"])
@@ -282,7 +285,7 @@ async def test_name_conflict_gets_a_new_instance_name(multicast_lo: None, sessio
     ):  # fmt: skip
         await first.announce(rank=-1, generation="", addresses=["10.9.0.1"])
         await second.announce(rank=-1, generation="", addresses=["10.9.0.2"])
-        label = discovery.instance_name(session, "twin")
+        label = txt.instance_name(session, "twin")
         assert first.instance == label
         assert second.instance is not None
         assert second.instance.startswith(label)

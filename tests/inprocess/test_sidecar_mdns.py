@@ -19,7 +19,7 @@ import pytest
 
 from rallypoint import providers
 from rallypoint.auth import Authenticator
-from rallypoint.mdns import Mdns
+from rallypoint.mdns.announce import Mdns
 from rallypoint.model import ClusterSpec
 from rallypoint.sidecar import Sidecar
 from tests.conftest import require

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rallypoint import discovery
+from rallypoint.mdns import txt
 from tests.multihost import harness
 from tests.multihost.conftest import MakeCluster
 
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.multihost
 NODE_SCRIPT = """
 import asyncio, json, sys
 from rallypoint.auth import Authenticator
-from rallypoint.discovery import assign_ranks
-from rallypoint.mdns import Mdns
+from rallypoint.mdns.announce import Mdns
+from rallypoint.mdns.ranks import assign_ranks
 
 session, host, token, nnodes, ifname, address = sys.argv[1:7]
 
@@ -51,7 +51,7 @@ def test_nodes_agree_on_ranks_and_refuse_a_rogue(make_cluster: MakeCluster) -> N
         return [sys.executable, "-c", NODE_SCRIPT, *args]
 
     procs = {node.name: node.spawn(argv(node), label="mdns") for node in cluster}
-    rogue = discovery.instance_name(cluster.session, "rogue")
+    rogue = txt.instance_name(cluster.session, "rogue")
     results = {}
     for name, proc in procs.items():
         try:

@@ -20,7 +20,7 @@ READY_S = 60.0
 ROGUE_SCRIPT = """
 import asyncio, sys
 from rallypoint.auth import Authenticator
-from rallypoint.mdns import Mdns
+from rallypoint.mdns.announce import Mdns
 
 session, token, ifname, address = sys.argv[1:5]
 

@@ -120,9 +120,9 @@ def peers(ctx: click.Context, /, seconds: float, as_json: bool, **_: Any) -> Non
     settings, _environ = setup(ctx)
     import asyncio
 
-    from rallypoint import mdns
+    from rallypoint.mdns.browse import browse
 
-    seen = asyncio.run(mdns.browse(seconds, interfaces=settings.mdns_interfaces))
+    seen = asyncio.run(browse(seconds, interfaces=settings.mdns_interfaces))
     columns = ("session", "rank", "host", "addresses", "peer_port", "generation", "instance")
     docs = [{c: getattr(a, c) for c in columns} for a in seen]
     if as_json:

@@ -1,15 +1,18 @@
-"""Pure mDNS discovery rules: announcement TXT fields, their validation, and rank assignment."""
+"""An announcement on the wire, purely: DNS-SD names, TXT fields and their validation."""
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rallypoint import names
-from rallypoint.errors import ClusterSpecError, PeerMessageError
+from rallypoint.errors import PeerMessageError
+
+#: The DNS-SD service type every rallypoint node announces (RFC 6763 section 7).
+SERVICE_TYPE = "_rallypoint._tcp.local."
 
 #: Version of the TXT layout; announcements with another version are dropped.
 TXT_VERSION = "1"
@@ -59,6 +62,11 @@ def instance_name(session: str, host: str) -> str:
     # Keep the name stable and unique across restarts: a prefix plus a digest of the whole.
     digest = hashlib.sha256(f"{session}\0{host}".encode()).hexdigest()[:10]
     return f"{full[: MAX_INSTANCE_BYTES - 11].rstrip('-')}-{digest}"
+
+
+def instance_label(name: str) -> str:
+    """The instance label of a full service name ("label._rallypoint._tcp.local.")."""
+    return name[: -len(SERVICE_TYPE) - 1] if name.endswith("." + SERVICE_TYPE) else name
 
 
 def encode_fields(
@@ -158,28 +166,3 @@ def parse_fields(
         instance=instance,
     )
     return announcement, fields
-
-
-def assign_ranks(announcements: Iterable[Announcement], nnodes: int) -> tuple[str, ...] | None:
-    """Hosts in node-rank order once exactly nnodes distinct hosts announced, else None.
-
-    Every node applies the same rule to the same set, so all agree without talking:
-    distinct host names sorted by code point; rank 0 (the master) is the first.
-    More hosts than nnodes is refused with ClusterSpecError naming them, because any
-    choice of which to leave out could differ between nodes.
-    """
-    if nnodes < 1:
-        raise ClusterSpecError(f"RALLYPOINT_NNODES={nnodes} must be at least 1")
-    items = list(announcements)
-    sessions = sorted({a.session for a in items})
-    if len(sessions) > 1:
-        raise ClusterSpecError(f"assign_ranks got announcements of several sessions: {sessions}")
-    hosts = sorted({a.host for a in items})
-    if len(hosts) > nnodes:
-        raise ClusterSpecError(
-            f"mDNS sees {len(hosts)} hosts in session {sessions[0]!r} but RALLYPOINT_NNODES="
-            f"{nnodes}: {','.join(hosts)}; stop the extra sidecars or use a distinct session"
-        )
-    if len(hosts) < nnodes:
-        return None
-    return tuple(hosts)

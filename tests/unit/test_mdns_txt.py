@@ -1,16 +1,14 @@
-"""Pure mDNS discovery rules: TXT encoding and validation, instance names, rank assignment."""
+"""The announcement codec: TXT encoding and validation, instance names."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import discovery, names
-from rallypoint.discovery import Announcement, assign_ranks
-from rallypoint.errors import ClusterSpecError, PeerMessageError
+from rallypoint import names
+from rallypoint.errors import PeerMessageError
+from rallypoint.mdns import txt
 
 GOOD = {
     b"v": b"1",
@@ -23,16 +21,12 @@ GOOD = {
 }
 
 
-def ann(host: str, session: str = "s", instance: str | None = None) -> Announcement:
-    return Announcement(session, host, -1, 7781, "", ("10.0.0.1",), instance or f"{session}-{host}")
-
-
 def test_encode_parse_round_trip() -> None:
-    fields, own = discovery.encode_fields(
+    fields, own = txt.encode_fields(
         session="job-42", host="node-a.example", rank=3, peer_port=7781, generation="g7",
         addresses=["10.0.0.1", "fd00::1"],
     )  # fmt: skip
-    parsed, decoded = discovery.parse_fields(
+    parsed, decoded = txt.parse_fields(
         {k.encode(): v.encode() for k, v in fields.items()}, instance=own.instance
     )
     assert parsed == own
@@ -48,17 +42,17 @@ def test_encode_parse_round_trip() -> None:
 
 def test_encode_keeps_addresses_that_fit_one_txt_string() -> None:
     addresses = [f"fd00::{i + 1:x}" for i in range(60)]
-    fields, own = discovery.encode_fields(
+    fields, own = txt.encode_fields(
         session="s", host="h", rank=0, peer_port=1, generation="", addresses=addresses
     )
-    assert len(f"addrs={fields['addrs']}".encode()) <= discovery.MAX_VALUE_BYTES
+    assert len(f"addrs={fields['addrs']}".encode()) <= txt.MAX_VALUE_BYTES
     assert 0 < len(own.addresses) < len(addresses)
     assert list(own.addresses) == addresses[: len(own.addresses)]
 
 
 def test_encode_refuses_what_peers_would_drop() -> None:
     with pytest.raises(PeerMessageError, match="host"):
-        discovery.encode_fields(
+        txt.encode_fields(
             session="s", host="bad_host", rank=0, peer_port=1, generation="", addresses=()
         )
 
@@ -87,14 +81,14 @@ def test_encode_refuses_what_peers_would_drop() -> None:
 )
 def test_parse_rejects_bad_fields(change: dict[bytes, bytes | None], fault: str) -> None:
     with pytest.raises(PeerMessageError, match=fault):
-        discovery.parse_fields({**GOOD, **change}, instance="i")
+        txt.parse_fields({**GOOD, **change}, instance="i")
 
 
 @pytest.mark.parametrize("key", [k for k in GOOD if k != b"addrs"])
 def test_parse_rejects_missing_field(key: bytes) -> None:
     props = {k: v for k, v in GOOD.items() if k != key}
     with pytest.raises(PeerMessageError, match="lacks"):
-        discovery.parse_fields(props, instance="i")
+        txt.parse_fields(props, instance="i")
 
 
 @settings(max_examples=200)
@@ -107,7 +101,7 @@ def test_parse_rejects_missing_field(key: bytes) -> None:
 )
 def test_parse_never_crashes(props: dict[bytes, bytes | None]) -> None:
     try:
-        announcement, _ = discovery.parse_fields(props, instance="i")
+        announcement, _ = txt.parse_fields(props, instance="i")
     except PeerMessageError:
         return
     assert names.host_problem(announcement.host, ip=True) is None
@@ -119,56 +113,26 @@ def test_parse_never_crashes(props: dict[bytes, bytes | None]) -> None:
     [("s", "h"), ("job.42", "node.example.com"), ("x" * 80, "node-1"), ("x" * 80, "node-2")],
 )
 def test_instance_name_is_one_short_label(session: str, host: str) -> None:
-    name = discovery.instance_name(session, host)
-    assert len(name.encode()) <= discovery.MAX_INSTANCE_BYTES
+    name = txt.instance_name(session, host)
+    assert len(name.encode()) <= txt.MAX_INSTANCE_BYTES
     assert "." not in name
-    assert name == discovery.instance_name(session, host)
+    assert name == txt.instance_name(session, host)
 
 
 def test_long_instance_names_stay_distinct() -> None:
-    names = {discovery.instance_name("x" * 80, f"node-{i}") for i in range(50)}
+    names = {txt.instance_name("x" * 80, f"node-{i}") for i in range(50)}
     assert len(names) == 50
 
 
-def test_assign_ranks_waits_for_nnodes() -> None:
-    assert assign_ranks([ann("b"), ann("a")], 3) is None
-    assert assign_ranks([ann("b"), ann("a"), ann("c")], 3) == ("a", "b", "c")
-
-
-def test_assign_ranks_counts_hosts_not_instances() -> None:
-    # A renamed duplicate ("s-a-2") is the same host: still one node.
-    assert assign_ranks([ann("a"), ann("a", instance="s-a-2"), ann("b")], 3) is None
-
-
-def test_assign_ranks_refuses_extra_hosts() -> None:
-    with pytest.raises(ClusterSpecError, match=r"3 hosts .* RALLYPOINT_NNODES=2: a,b,c"):
-        assign_ranks([ann("c"), ann("a"), ann("b")], 2)
-
-
 @pytest.mark.parametrize(
-    ("items", "nnodes", "fault"),
-    [([ann("a", "s1"), ann("b", "s2")], 2, "several sessions"), ([ann("a")], 0, "at least 1")],
+    ("name", "label"),
+    [
+        ("job-node-a._rallypoint._tcp.local.", "job-node-a"),
+        ("job-node-a-2._rallypoint._tcp.local.", "job-node-a-2"),
+        # Not one of ours: kept whole rather than cut at a guess.
+        ("job-node-a._other._tcp.local.", "job-node-a._other._tcp.local."),
+        ("_rallypoint._tcp.local.", "_rallypoint._tcp.local."),
+    ],
 )
-def test_assign_ranks_refuses_bad_input(items: list[Announcement], nnodes: int, fault: str) -> None:
-    with pytest.raises(ClusterSpecError, match=fault):
-        assign_ranks(items, nnodes)
-
-
-hosts = st.lists(
-    st.from_regex(r"[a-z][a-z0-9-]{0,10}[a-z0-9]", fullmatch=True), min_size=1, max_size=12
-)
-
-
-@settings(max_examples=200)
-@given(hosts, st.randoms(use_true_random=False))
-def test_every_permutation_agrees(names: list[str], rnd: random.Random) -> None:
-    items = [ann(h) for h in names]
-    nnodes = len(set(names))
-    expected = assign_ranks(items, nnodes)
-    shuffled = list(items)
-    rnd.shuffle(shuffled)
-    # Each node sees the same announcements in its own arrival order, repeats included.
-    assert assign_ranks(shuffled + shuffled[:2], nnodes) == expected
-    assert expected is not None
-    assert sorted(expected) == list(expected)
-    assert set(expected) == set(names)
+def test_instance_label_strips_only_our_service_type(name: str, label: str) -> None:
+    assert txt.instance_label(name) == label
