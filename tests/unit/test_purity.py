@@ -106,7 +106,12 @@ def _importers(library: str) -> set[str]:
 
 @pytest.mark.parametrize(
     ("library", "package", "known"),
-    [("aiohttp.web", "server/", "server/__init__.py"), ("click", "cli/", "cli/__init__.py")],
+    [
+        ("aiohttp.web", "server/", "server/__init__.py"),
+        ("click", "cli/", "cli/__init__.py"),
+        ("zeroconf", "mdns/", "mdns/announce.py"),
+        ("prometheus_client", "metrics.py", "metrics.py"),
+    ],
 )
 def test_one_package_imports_each_framework(library: str, package: str, known: str) -> None:
     # One adapter per library: the rest of the code runs without it.
