@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from rallypoint import cli
-from tests.unit.test_cli import clean_env
+from tests.support.env import clean_env
 
 # Variables the providers, the derivation and the CLI read (RALLYPOINT_VERBOSE is left out:
 # it adds a traceback to errors on purpose).
