@@ -13,9 +13,9 @@ from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous import Rendezvous
-from rallypoint.settings import Settings
 from tests.fakes import FakeResolver
 from tests.support.api import HOSTS, SESSION
+from tests.support.settings import fast_settings
 
 
 @pytest.fixture
@@ -29,18 +29,9 @@ async def make_node() -> AsyncIterator[Callable[..., Awaitable[Rendezvous]]]:
     made: list[tuple[Rendezvous, list[ports.HeldPort]]] = []
 
     async def make(nnodes: int = 1, token: str | None = None, **changes: Any) -> Rendezvous:
-        values: dict[str, Any] = {
-            "deadline_s": 20.0,
-            "long_poll_s": 5.0,
-            "backoff_initial_s": 0.01,
-            "backoff_max_s": 0.1,
-            "resolve_timeout_s": 1.0,
-            "mdns": False,
-            # The API is under test here; probes have their own tests (test_connectivity).
-            "probe": False,
-        }
-        values.update(changes)
-        settings = Settings(token=token, **values)
+        # The API is under test here; probes have their own tests (test_connectivity).
+        values: dict[str, Any] = {"long_poll_s": 5.0, "backoff_max_s": 0.1, "probe": False}
+        settings = fast_settings(token=token, **{**values, **changes})
         spec = ClusterSpec("explicit", HOSTS[:nnodes], 0, nnodes, SESSION, loopback_ok=True)
         held = {
             "master": ports.reserve([], settings.port_range),
