@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 
 import pytest
 
@@ -18,6 +19,24 @@ def require(condition: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"prerequisite missing in CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember each phase's outcome on the item (rp_report_*): fixtures dump logs on failure."""
+    report = yield
+    setattr(item, f"rp_report_{report.when}", report)
+    return report
+
+
+def has_failed(item: pytest.Item) -> bool:
+    """Whether the test's setup or call failed (for fixtures that dump logs on failure)."""
+    return any(
+        getattr(getattr(item, f"rp_report_{when}", None), "failed", False)
+        for when in ("setup", "call")
+    )
 
 
 @pytest.fixture(scope="module")
