@@ -33,14 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support import netns
-from tests.support.netns import (
-    NETNS_DIR,
-    die_with_parent,
-    in_namespace,
-    sh,
-    wait_for,
-    write_hosts,
-)
+from tests.support.netns import sh, wait_for
 
 SUBNET = "10.214.0"
 CONTROLLER = "head"
@@ -182,7 +175,7 @@ class SlurmCluster:
 
     def write_hosts(self, name: str, text: str) -> None:
         """Replace a namespace's hosts file in place (a bind mount follows the inode)."""
-        write_hosts(self.hosts[name].ns, text)
+        netns.write_hosts(self.hosts[name].ns, text)
 
     def pin_own_name(self, name: str, address: str = "127.0.1.1") -> None:
         """Make a node's own name resolve to address on that node, as Debian does."""
@@ -237,7 +230,7 @@ class SlurmCluster:
 
     def command(self, name: str, argv: Sequence[str]) -> list[str]:
         """argv wrapped to run on host name: its namespace and its host name."""
-        return in_namespace(self.hosts[name].ns, name, argv)
+        return netns.in_namespace(self.hosts[name].ns, name, argv)
 
     def _spawn(self, label: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
         log = self.workdir / "log" / f"{label}.out"
@@ -249,7 +242,7 @@ class SlurmCluster:
                 stderr=subprocess.STDOUT,
                 env=self.environ(),
                 start_new_session=True,
-                preexec_fn=die_with_parent,
+                preexec_fn=netns.die_with_parent,
             )
         self._procs[label] = popen
         return popen
@@ -476,7 +469,7 @@ class SlurmCluster:
         for host in self.hosts.values():
             # slurmstepd and anything a job left behind outlive slurmd: they are in the
             # namespace, so this finds them all.
-            for pid in self.strays(host.name) if (NETNS_DIR / host.ns).exists() else []:
+            for pid in self.strays(host.name) if (netns.NETNS_DIR / host.ns).exists() else []:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self.bridge.remove_host(host.ns, host.veth)
