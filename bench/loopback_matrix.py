@@ -31,7 +31,7 @@ from tests.multihost import harness
 HOSTS = ("main1", "sub1", "sub2")  # rank order: main1 is rank 0 and MASTER_ADDR
 MASTER = HOSTS[0]
 LOOPBACK_SELF = "127.0.1.1"
-SCRIPT = common.REPO / "tests" / "multihost" / "torch_allreduce.py"
+SCRIPT = common.REPO / "tests" / "support" / "allreduce.py"
 #: pattern name -> the nodes whose own name is pinned to 127.0.1.1 in their own hosts file
 PATTERNS: dict[str, tuple[str, ...]] = {
     "none": (),

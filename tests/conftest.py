@@ -1,10 +1,15 @@
-"""Shared test plumbing: tier gating that skips locally and fails in CI."""
+"""Shared test plumbing: tier gating that skips locally and fails in CI, and shared fixtures."""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Generator, Iterator
 
 import pytest
+
+from rallypoint import logs
+from tests.support.mdns import loopback_multicast_works
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -16,3 +21,36 @@ def require(condition: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"prerequisite missing in CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember each phase's outcome on the item (rp_report_*): fixtures dump logs on failure."""
+    report = yield
+    setattr(item, f"rp_report_{report.when}", report)
+    return report
+
+
+def has_failed(item: pytest.Item) -> bool:
+    """Whether the test's setup or call failed (for fixtures that dump logs on failure)."""
+    return any(
+        getattr(getattr(item, f"rp_report_{when}", None), "failed", False)
+        for when in ("setup", "call")
+    )
+
+
+@pytest.fixture(scope="module")
+def multicast_lo() -> None:
+    """Real mDNS on loopback: skipped (failed in CI) where lo does not loop multicast back."""
+    require(loopback_multicast_works(), "multicast over loopback (127.0.0.1) is not available")
+
+
+@pytest.fixture(autouse=True)
+def _drop_cli_log_handler() -> Iterator[None]:
+    """CLI runs install a stderr handler and the runner swaps sys.stderr: drop it afterwards."""
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logs.Handler)]:
+        root.removeHandler(handler)

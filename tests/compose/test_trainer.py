@@ -12,15 +12,10 @@ from collections.abc import Mapping
 import pytest
 
 from tests.compose import engine
+from tests.support.ports import free_port
 
 TRAINER = engine.DOCKER_DIR / "trainer.py"
 HOST = socket.gethostname()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def node_env(rank: int, port: int, **overrides: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ import socket
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp.http_exceptions import HttpProcessingError
@@ -28,6 +28,8 @@ from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
 from tests.conftest import IN_CI
 from tests.fakes import FakeResolver
+from tests.support.ports import free_port
+from tests.support.settings import fast_settings
 
 T = TypeVar("T")
 
@@ -61,13 +63,6 @@ def fuzz(share: float = 1.0) -> settings:
     return settings(PROFILE, max_examples=max(10, int(PROFILE.max_examples * share)))
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now on ``host`` (test plumbing only)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 class LoopThread:
     """An asyncio event loop on a daemon thread; `run` executes a coroutine there."""
 
@@ -95,19 +90,8 @@ class LoopThread:
 
 
 def base_settings(**changes: Any) -> Settings:
-    """Small timings, loopback listeners, no mDNS unless asked."""
-    settings_ = Settings(
-        local_hosts=("127.0.0.1",),
-        peer_host="127.0.0.1",
-        deadline_s=60.0,
-        backoff_initial_s=0.01,
-        backoff_max_s=0.2,
-        long_poll_s=0.5,
-        resolve_timeout_s=1.0,
-        shutdown_grace_s=2.0,
-        mdns=False,
-    )
-    return replace(settings_, **changes)
+    """The fast settings with a minute's deadline and a half-second long poll."""
+    return fast_settings(**{"deadline_s": 60.0, "long_poll_s": 0.5, **changes})
 
 
 @dataclass

@@ -15,7 +15,6 @@ from rallypoint import wire
 from rallypoint.auth import SIGNATURE_HEADER, Authenticator
 from rallypoint.mdns.announce import Mdns
 from rallypoint.model import ClusterDoc, Member
-from tests.conftest import require
 from tests.hardening.harness import (
     SESSION,
     LoopThread,
@@ -225,13 +224,6 @@ def test_worker_keeps_saying_why_a_forged_document_is_refused(
 
 
 # -- mDNS announcements with bad signatures --------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def multicast_lo() -> None:
-    from tests.inprocess.test_mdns import loopback_multicast_works
-
-    require(loopback_multicast_works(), "multicast over loopback (127.0.0.1) is not available")
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from rallypoint import wire
 from rallypoint.auth import Authenticator
 from rallypoint.model import Member
 from tests.hardening.harness import Reply, request
-from tests.hardening.test_shutdown import EXIT_BOUND_S, Serve
+from tests.hardening.serve import EXIT_BOUND_S, Serve
 
 MARK = uuid.uuid4().hex[:12]
 TOKEN = f"rp-session-secret-{MARK}"

@@ -3,117 +3,20 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
-import random
-import socket
 import stat
-import subprocess
 import sys
 import threading
-import time
-import urllib.parse
-from collections.abc import Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
-from rallypoint import cli, client, logs, render
+from rallypoint import client, render
 from rallypoint.errors import NotReady, RendezvousTimeout, SidecarError, SidecarUnreachable
-from tests.unit.test_cli import clean_env
-
-VALUES = {
-    "MASTER_ADDR": "10.1.2.3",
-    "MASTER_PORT": "29555",
-    "NNODES": "2",
-    "NODE_RANK": "1",
-    "TF_CONFIG": '{"cluster":{"worker":["a:1","b:2"]},"task":{"type":"worker","index":1}}',
-}
-REASONS = [{"code": "waiting_for_peers", "message": "1 of 2 nodes joined", "ranks": [0]}]
-STATUS = {
-    "ready": False,
-    "generation": "g7",
-    "role": "worker",
-    "spec": {"provider": "explicit", "session": "s1", "nnodes": 2, "rank": 1, "master": "n0"},
-    "peers": [
-        {"rank": 0, "host": "n0", "joined": True, "addresses": ["10.1.2.3"], "verdict": "ok",
-         "resolved": ["10.1.2.3"], "detail": None, "tf_port": None},
-        {"rank": 1, "host": "n1", "joined": False, "addresses": [], "verdict": "not_found",
-         "resolved": [], "detail": "n1 does not resolve", "tf_port": None},
-    ],
-    "reasons": REASONS,
-    "warnings": ["peer messages are not authenticated"],
-    "overrides": [{"key": "MASTER_PORT", "value": "29555", "derived": "29500", "source": "--set"}],
-    "ports": {"master": {"port": 29555, "held": True, "skipped": []}},
-}  # fmt: skip
-
-
-def free_port(low: int = 0, high: int = 0) -> int:
-    """A port nothing listens on; in [low, high] when given (e.g. outside the ephemeral range)."""
-    for _attempt in range(200):
-        port = random.randint(low, high) if high else 0
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            found: int = sock.getsockname()[1]
-            return found
-    raise AssertionError(f"no free port in {low}-{high}")
-
-
-class FakeLocalAPI:
-    """A scripted local API: not ready for the first `ready_after` /env requests, then ready."""
-
-    def __init__(self, port: int = 0, *, ready_after: int = 0, status: int | None = None) -> None:
-        self.ready_after = ready_after
-        self.forced_status = status
-        self.paths: list[str] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                fake.paths.append(self.path)
-                code, body = fake.answer(self.path)
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    @property
-    def ready(self) -> bool:
-        return sum(path.startswith("/env") for path in self.paths) > self.ready_after
-
-    def answer(self, path: str) -> tuple[int, str]:
-        if self.forced_status is not None:
-            return self.forced_status, "<html>nope</html>"
-        route, _, query = path.partition("?")
-        params = dict(urllib.parse.parse_qsl(query))
-        if route == "/env":
-            if self.ready:
-                return 200, render.render(VALUES, params.get("format", "json"))
-            time.sleep(min(float(params.get("wait", 0)), 0.05))  # a short long-poll
-            return 503, json.dumps({"ready": False, "reasons": REASONS})
-        if route == "/readyz":
-            return (200, "ready\n") if self.ready_after < 0 else (503, "not ready: starting: x\n")
-        if route == "/status":
-            return 200, json.dumps(STATUS)
-        return 404, "{}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+from tests.support.cli import rallypoint, run
+from tests.support.localapi import STATUS, VALUES, FakeLocalAPI
+from tests.support.ports import free_port
 
 
 @pytest.fixture
@@ -121,37 +24,6 @@ def fake() -> Iterator[FakeLocalAPI]:
     api = FakeLocalAPI(ready_after=2)
     yield api
     api.close()
-
-
-@pytest.fixture(autouse=True)
-def _drop_cli_log_handler() -> Iterator[None]:
-    yield
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, logs.Handler)]:
-        root.removeHandler(handler)
-
-
-def run(args: list[str], env: Mapping[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli.app, args, env=clean_env(env), catch_exceptions=False)
-
-
-def child_env() -> dict[str, str]:
-    """os.environ without cluster variables, for child processes."""
-    unset = clean_env()
-    env = {k: v for k, v in os.environ.items() if k not in unset}
-    env.update({k: v for k, v in unset.items() if v is not None})
-    return env
-
-
-def rallypoint(
-    *args: str, env: Mapping[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """The real command line in a child process."""
-    return subprocess.run(
-        [sys.executable, "-m", "rallypoint", *args],
-        env={**child_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout,
-        check=False,
-    )  # fmt: skip
 
 
 # --- wait ----------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from rallypoint import render
-from tests.inprocess.test_cli_client import VALUES, FakeLocalAPI, run
+from tests.support.cli import run
+from tests.support.localapi import VALUES, FakeLocalAPI
 
 HOSTFILE = "main1 slots=2\nsub1 slots=2\nsub2 slots=2\n"
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.inprocess.test_cli_client import child_env, free_port, rallypoint
+from tests.support.cli import rallypoint
+from tests.support.env import child_env
+from tests.support.ports import free_port
 
 
 @dataclass
@@ -32,7 +34,7 @@ def start() -> Iterator[Callable[..., Served]]:
     def start(*extra: str) -> Served:
         local, peer = free_port(), free_port()
         # The sidecar keeps the ports it reserves outside the kernel's ephemeral range.
-        master, tf = free_port(20000, 29999), free_port(20000, 29999)
+        master, tf = free_port(low=20000, high=29999), free_port(low=20000, high=29999)
         args = ["serve", "--local-port", str(local), "--peer-port", str(peer),
                 "--master-port", str(master), "--tf-port", str(tf), *extra]  # fmt: skip
         proc = subprocess.Popen(

@@ -15,8 +15,8 @@ from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.server.peer import peer_app
-from rallypoint.settings import Settings
 from tests.fakes import FakeResolver
+from tests.support.settings import fast_settings
 
 SESSION = "sess-encoding"
 TOKEN = "encoding-t0ken"
@@ -27,15 +27,7 @@ Client = Callable[..., Awaitable[TestClient[Any, Any]]]
 
 @pytest.fixture
 async def master() -> AsyncIterator[Rendezvous]:
-    settings = Settings(
-        token=TOKEN,
-        deadline_s=20.0,
-        long_poll_s=0.5,
-        resolve_timeout_s=0.2,
-        backoff_initial_s=0.01,
-        backoff_max_s=0.1,
-        mdns=False,
-    )
+    settings = fast_settings(token=TOKEN, long_poll_s=0.5, resolve_timeout_s=0.2, backoff_max_s=0.1)
     spec = ClusterSpec("explicit", HOSTS, 0, NNODES, SESSION, loopback_ok=True)
     held = {
         "master": ports.reserve([], settings.port_range),

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -20,8 +18,8 @@ from rallypoint import ports, probe
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from tests.conftest import require
-from tests.inprocess.test_ports import TCPSTORE_SCRIPT, torch_available
-from tests.inprocess.test_rendezvous import Cluster, all_ready, codes, until
+from tests.support.cluster import Cluster, all_ready, codes, until
+from tests.support.tcpstore import run_tcpstore, torch_available
 
 
 class Steered(Cluster):
@@ -241,14 +239,7 @@ async def test_tcpstore_binds_the_master_port_after_the_window() -> None:
         node = c.nodes[0].node
         assert node.metrics.value("rallypoint_probes_answered_total", result="answered") >= 1
         port = node.held["master"].port
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-c", TCPSTORE_SCRIPT, str(port), "1"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = await asyncio.to_thread(run_tcpstore, port, True)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip().splitlines()[-1] == "ok"
         assert node.held["master"].held  # the hold stays through it all

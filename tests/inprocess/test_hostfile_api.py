@@ -17,9 +17,7 @@ from rallypoint.server.local import local_app
 from rallypoint.server.peer import peer_app
 from rallypoint.settings import Settings
 from tests.fakes import FakeResolver
-from tests.inprocess.test_server import SESSION, Client, checked, join_body, make_node
-
-__all__ = ["make_node"]  # the fixture, imported for this module's tests
+from tests.support.api import SESSION, Client, checked, join_body
 
 MakeNode = Callable[..., Awaitable[Rendezvous]]
 

@@ -11,7 +11,9 @@ from rallypoint.errors import PortError
 from rallypoint.model import ClusterSpec
 from rallypoint.sidecar import Sidecar
 from tests.fakes import FakeResolver
-from tests.inprocess.test_rendezvous import SESSION, all_ready, base_settings, cluster, free_port
+from tests.support.cluster import SESSION, all_ready, cluster
+from tests.support.ports import free_port
+from tests.support.settings import fast_settings
 
 JAX_ON = {"frameworks": frozenset({"torch", "jax"})}
 
@@ -78,7 +80,7 @@ async def test_a_user_coordinator_port_that_is_taken_is_an_error() -> None:
     with socket.socket() as thief:
         thief.bind(("0.0.0.0", 0))
         taken = int(thief.getsockname()[1])
-        settings = base_settings(local_port=free_port(), peer_port=free_port(), **JAX_ON)
+        settings = fast_settings(local_port=free_port(), peer_port=free_port(), **JAX_ON)
         spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
         environ = {"JAX_COORDINATOR_ADDRESS": f"node0:{taken}"}
         sidecar = Sidecar(settings, environ, resolver=FakeResolver(), spec=spec)

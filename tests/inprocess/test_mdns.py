@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -20,45 +18,9 @@ from rallypoint.mdns.announce import Mdns
 from rallypoint.mdns.browse import browse
 from rallypoint.mdns.ranks import assign_ranks
 from rallypoint.mdns.txt import SERVICE_TYPE
-from tests.conftest import require
 
 LOOPBACK = ["127.0.0.1"]
 WAIT_S = 20.0
-
-
-def loopback_multicast_works() -> bool:
-    """Whether a multicast datagram sent on 127.0.0.1 comes back (lo often lacks MULTICAST)."""
-    group = "224.0.0.251"
-    try:
-        with (
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx,
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx,
-        ):
-            rx.bind(("0.0.0.0", 0))
-            port = rx.getsockname()[1]
-            rx.setsockopt(
-                socket.IPPROTO_IP,
-                socket.IP_ADD_MEMBERSHIP,
-                socket.inet_aton(group) + socket.inet_aton("127.0.0.1"),
-            )
-            rx.settimeout(1.0)
-            tx.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton("127.0.0.1"))
-            tx.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, struct.pack("b", 1))
-            tx.sendto(b"rallypoint-probe", (group, port))
-            return rx.recv(64) == b"rallypoint-probe"
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def multicast_lo() -> None:
-    require(loopback_multicast_works(), "multicast over loopback (127.0.0.1) is not available")
-
-
-@pytest.fixture
-def session() -> str:
-    # A fresh session per test: other suites may announce on loopback at the same time.
-    return f"t{uuid.uuid4().hex[:12]}"
 
 
 async def wait_for(condition: Callable[[], bool], what: str) -> None:

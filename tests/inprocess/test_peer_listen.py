@@ -10,7 +10,9 @@ from rallypoint.model import ClusterSpec
 from rallypoint.sidecar import Sidecar
 from tests.conftest import require
 from tests.fakes import FakeResolver
-from tests.inprocess.test_rendezvous import SESSION, base_settings, free_port
+from tests.support.cluster import SESSION
+from tests.support.ports import free_port
+from tests.support.settings import fast_settings
 
 
 def ipv6_loopback() -> bool:
@@ -30,7 +32,7 @@ async def ready_answer(url: str) -> int:
 async def test_the_wildcard_peer_address_also_listens_on_ipv6() -> None:
     require(ipv6_loopback(), "IPv6 is not available on loopback")
     peer_port = free_port()
-    settings = base_settings(local_port=free_port(), peer_port=peer_port, peer_host="0.0.0.0")
+    settings = fast_settings(local_port=free_port(), peer_port=peer_port, peer_host="0.0.0.0")
     spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
     async with Sidecar(settings, {}, resolver=FakeResolver(), spec=spec) as sidecar:
         assert sidecar.listeners is not None
@@ -42,7 +44,7 @@ async def test_the_wildcard_peer_address_also_listens_on_ipv6() -> None:
 
 async def test_a_specific_peer_address_is_the_only_one() -> None:
     peer_port = free_port()
-    settings = base_settings(local_port=free_port(), peer_port=peer_port, peer_host="127.0.0.1")
+    settings = fast_settings(local_port=free_port(), peer_port=peer_port, peer_host="127.0.0.1")
     spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
     async with Sidecar(settings, {}, resolver=FakeResolver(), spec=spec) as sidecar:
         assert sidecar.listeners is not None

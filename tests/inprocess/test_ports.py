@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from rallypoint import ports
 from rallypoint.errors import PortError
 from rallypoint.ports import HeldPort, Skipped, ephemeral_range, reserve
 from tests.conftest import require
+from tests.support.tcpstore import run_tcpstore, torch_available
 
 # Well below Linux's ephemeral range and the defaults other tests use.
 TEST_RANGE = (21000, 21999)
@@ -241,37 +241,12 @@ def test_port_error_for_an_empty_range() -> None:
         reserve([], (29999, 20000))
 
 
-TCPSTORE_SCRIPT = """
-import sys
-from datetime import timedelta
-import torch.distributed as dist
-
-port = int(sys.argv[1])
-use_libuv = sys.argv[2] == "1"
-store = dist.TCPStore("127.0.0.1", port, 1, True, timedelta(seconds=20),
-                      wait_for_workers=False, use_libuv=use_libuv)
-store.set("rallypoint", "ok")
-client = dist.TCPStore("127.0.0.1", port, 1, False, timedelta(seconds=20), use_libuv=use_libuv)
-print(client.get("rallypoint").decode())
-"""
-
-
-def torch_available() -> bool:
-    return importlib.util.find_spec("torch") is not None
-
-
 @pytest.mark.torch
 @pytest.mark.parametrize("use_libuv", [True, False], ids=["libuv", "legacy"])
 def test_real_tcpstore_binds_the_held_port(held: HeldPort, use_libuv: bool) -> None:
     # CI installs torch, so a missing torch fails there instead of hiding this proof.
     require(torch_available(), "torch is not installed (pip install 'rallypoint[torch]')")
-    done = subprocess.run(
-        [sys.executable, "-c", TCPSTORE_SCRIPT, str(held.port), "1" if use_libuv else "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_tcpstore(held.port, use_libuv)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "ok"
     with pytest.raises(OSError):

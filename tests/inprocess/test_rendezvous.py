@@ -12,9 +12,7 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -25,139 +23,20 @@ from rallypoint.errors import AuthError, PortError
 from rallypoint.model import ClusterSpec
 from rallypoint.names import Resolution, Verdict, judge_own
 from rallypoint.reasons import auth_reason
-from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
 from tests.fakes import FakeResolver
-
-SESSION = "sess-1"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now on ``host`` (test plumbing only; production holds its ports)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def base_settings(**changes: object) -> Settings:
-    settings = Settings(
-        local_hosts=("127.0.0.1",),
-        peer_host="127.0.0.1",
-        deadline_s=20.0,
-        backoff_initial_s=0.01,
-        backoff_max_s=0.2,
-        long_poll_s=2.0,
-        resolve_timeout_s=1.0,
-        shutdown_grace_s=2.0,
-        mdns=False,
-    )
-    return replace(settings, **changes)  # type: ignore[arg-type]
-
-
-@dataclass
-class Cluster:
-    """N nodes of one session; start and stop each at will."""
-
-    n: int
-    token: str | None = None
-    per_node: dict[int, dict[str, object]] = field(default_factory=dict)
-    hosts: tuple[str, ...] = ()
-    resolvers: list[FakeResolver] = field(default_factory=list)
-    peer_ports: dict[str, int] = field(default_factory=dict)
-    local_ports: dict[int, int] = field(default_factory=dict)
-    nodes: dict[int, Sidecar] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.hosts = tuple(f"node{r}" for r in range(self.n))
-        table = {h: [address(r)] for r, h in enumerate(self.hosts)}
-        self.resolvers = [FakeResolver(table) for _ in range(self.n)]
-        self.peer_ports = {h: free_port() for h in self.hosts}
-        self.local_ports = {r: free_port() for r in range(self.n)}
-
-    def endpoint(self, host: str, _address: str) -> tuple[str, int]:
-        return "127.0.0.1", self.peer_ports[host]
-
-    def route(self, _host: str, _address: str, port: int) -> tuple[str, int]:
-        """Probes keep their port but go to loopback, where every node holds its own."""
-        return "127.0.0.1", port
-
-    def settings(self, rank: int) -> Settings:
-        changes: dict[str, object] = {
-            "local_port": self.local_ports[rank],
-            "peer_port": self.peer_ports[self.hosts[rank]],
-            "token": self.token,
-        }
-        changes.update(self.per_node.get(rank, {}))
-        return base_settings(**changes)
-
-    async def start(self, rank: int) -> Sidecar:
-        spec = ClusterSpec("explicit", self.hosts, rank, self.n, SESSION)
-        sidecar = Sidecar(
-            self.settings(rank),
-            {},
-            resolver=self.resolvers[rank],
-            spec=spec,
-            addresses=[address(rank)],
-            endpoint=self.endpoint,
-            route=self.route,
-        )
-        await sidecar.start()
-        self.nodes[rank] = sidecar
-        return sidecar
-
-    async def stop(self, rank: int) -> None:
-        await self.nodes.pop(rank).stop()
-
-    async def close(self) -> None:
-        for rank in sorted(self.nodes, reverse=True):
-            await self.stop(rank)
-
-    def peer_url(self, rank: int, path: str) -> str:
-        return f"http://127.0.0.1:{self.peer_ports[self.hosts[rank]]}{path}"
-
-    def local_url(self, rank: int, path: str) -> str:
-        return f"http://127.0.0.1:{self.local_ports[rank]}{path}"
-
-
-def address(rank: int) -> str:
-    return f"198.51.100.{rank + 10}"
-
-
-@asynccontextmanager
-async def cluster(n: int, **kwargs: object) -> AsyncIterator[Cluster]:
-    c = Cluster(n, **kwargs)  # type: ignore[arg-type]
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
-async def start_all(c: Cluster) -> None:
-    for rank in range(c.n):
-        await c.start(rank)
-
-
-async def all_ready(c: Cluster, timeout_s: float = 20.0) -> None:
-    results = await asyncio.gather(*(s.node.wait_ready(timeout_s) for s in c.nodes.values()))
-    not_ready = {
-        r: [x.as_json() for x in s.node.reasons()]
-        for (r, s), ok in zip(c.nodes.items(), results, strict=True)
-        if not ok
-    }
-    assert not not_ready, not_ready
-
-
-async def until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    """Poll ``predicate`` (no timing assertion: the timeout only stops a hung test)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < end, "condition never held"
-        await asyncio.sleep(0.01)
-
-
-def codes(sidecar: Sidecar) -> set[str]:
-    return {r.code for r in sidecar.node.reasons()}
+from tests.support.cluster import (
+    SESSION,
+    Cluster,
+    address,
+    all_ready,
+    cluster,
+    codes,
+    start_all,
+    until,
+)
+from tests.support.ports import free_port
+from tests.support.settings import fast_settings
 
 
 async def test_three_nodes_agree_on_the_rendezvous() -> None:
@@ -191,7 +70,7 @@ async def test_names_on_127_addresses_with_one_peer_port() -> None:
     sidecars = []
     try:
         for rank in range(len(hosts)):
-            settings = base_settings(
+            settings = fast_settings(
                 local_hosts=(), peer_host=f"127.0.0.{rank + 2}", peer_port=peer_port
             )
             spec = ClusterSpec("explicit", hosts, rank, 3, SESSION, loopback_ok=True)
@@ -440,7 +319,7 @@ async def test_a_taken_user_master_port_is_an_error() -> None:
     with socket.socket() as thief:
         thief.bind(("0.0.0.0", 0))
         taken = int(thief.getsockname()[1])
-        settings = base_settings(local_port=free_port(), peer_port=free_port())
+        settings = fast_settings(local_port=free_port(), peer_port=free_port())
         spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
         sidecar = Sidecar(settings, {"MASTER_PORT": str(taken)}, resolver=FakeResolver(), spec=spec)
         with pytest.raises(PortError, match=f"MASTER_PORT={taken}"):
@@ -471,7 +350,7 @@ def ephemeral_free_port() -> int:
 async def test_a_user_master_port_inside_the_ephemeral_range_is_honoured() -> None:
     """The ephemeral-range exclusion is for ports rallypoint picks, not for the user's."""
     wanted = ephemeral_free_port()
-    settings = base_settings(local_port=free_port(), peer_port=free_port(), frameworks={"torch"})
+    settings = fast_settings(local_port=free_port(), peer_port=free_port(), frameworks={"torch"})
     spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
     resolver = FakeResolver({"node0": ["127.0.0.1"]})
     async with Sidecar(settings, {"MASTER_PORT": str(wanted)}, resolver=resolver, spec=spec) as s:
@@ -632,7 +511,7 @@ def test_own_name_judgement(
     needles: tuple[str, ...],
 ) -> None:
     reason, warning = judge_own(
-        own, base_settings(**changes), accept_loopback=accept, ifname=ifname
+        own, fast_settings(**changes), accept_loopback=accept, ifname=ifname
     )
     assert (reason.code if reason else None) == code
     if reason is not None:

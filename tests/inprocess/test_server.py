@@ -5,20 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
-import yaml  # type: ignore[import-untyped]
-from aiohttp import ClientResponse
-from aiohttp.test_utils import TestClient
 
-from rallypoint import netinfo, ports, server, wire
+from rallypoint import netinfo, server, wire
 from rallypoint.auth import Authenticator
-from rallypoint.metrics import Metrics
-from rallypoint.model import ClusterSpec, Member
+from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.server.local import local_app
 from rallypoint.server.peer import PEER_MAX_BYTES, peer_app
@@ -26,87 +20,13 @@ from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
 from tests.conftest import require
 from tests.fakes import FakeResolver
-
-OPENAPI = yaml.safe_load(
-    (Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml").read_text()
-)
-SESSION = "sess-api"
-HOSTS = ("node0", "node1")
-Client = Callable[..., Awaitable[TestClient[Any, Any]]]
+from tests.support.api import OPENAPI, SESSION, Client, checked, join_body
 
 
 def test_openapi_schemas_are_valid_json_schema() -> None:
     assert OPENAPI["openapi"].startswith("3.1")
     for schema in OPENAPI["components"]["schemas"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
-
-
-async def checked(resp: ClientResponse, method: str, path: str) -> bytes:
-    """The body, after checking status, content type and JSON body against the document."""
-    body = await resp.read()
-    operation = OPENAPI["paths"][path][method.lower()]
-    declared = operation["responses"].get(str(resp.status))
-    assert declared is not None, f"{method} {path} -> {resp.status} is not documented"
-    if "$ref" in declared:
-        declared = OPENAPI["components"]["responses"][declared["$ref"].rsplit("/", 1)[1]]
-    content = declared.get("content")
-    if not content:
-        assert not body, f"{method} {path} -> {resp.status} documents no body"
-        return body
-    media = resp.content_type
-    assert media in content, f"{method} {path} -> {resp.status}: {media} not documented"
-    schema = dict(content[media]["schema"], components=OPENAPI["components"])
-    value: object = json.loads(body) if media == "application/json" else body.decode()
-    jsonschema.validate(value, schema, cls=jsonschema.Draft202012Validator)
-    return body
-
-
-@pytest.fixture
-async def make_node() -> AsyncIterator[Callable[..., Awaitable[Rendezvous]]]:
-    made: list[tuple[Rendezvous, list[ports.HeldPort]]] = []
-
-    async def make(nnodes: int = 1, token: str | None = None, **changes: Any) -> Rendezvous:
-        values: dict[str, Any] = {
-            "deadline_s": 20.0,
-            "long_poll_s": 5.0,
-            "backoff_initial_s": 0.01,
-            "backoff_max_s": 0.1,
-            "resolve_timeout_s": 1.0,
-            "mdns": False,
-            # The API is under test here; probes have their own tests (test_connectivity).
-            "probe": False,
-        }
-        values.update(changes)
-        settings = Settings(token=token, **values)
-        spec = ClusterSpec("explicit", HOSTS[:nnodes], 0, nnodes, SESSION, loopback_ok=True)
-        held = {
-            "master": ports.reserve([], settings.port_range),
-            "tf": ports.reserve([], settings.port_range),
-        }
-        resolver = FakeResolver({"node0": ["127.0.0.1"], "node1": ["127.0.0.2"]})
-        node = Rendezvous(
-            spec,
-            settings,
-            resolver=resolver,
-            auth=Authenticator(token),
-            metrics=Metrics(),
-            addresses=["127.0.0.1"],
-            held=held,
-            user={},
-        )
-        await node.__aenter__()
-        made.append((node, list(held.values())))
-        return node
-
-    yield make
-    for node, held in made:
-        await node.close()
-        for port in held:
-            port.close()
-
-
-def join_body(session: str = SESSION, host: str = "node1") -> bytes:
-    return wire.encode_join(wire.JoinRequest(session, Member(1, host, ("127.0.0.2",), 2300)))
 
 
 @pytest.mark.parametrize("fmt", ["json", "sh", "dotenv"])

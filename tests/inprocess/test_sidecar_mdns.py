@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -22,24 +21,12 @@ from rallypoint.auth import Authenticator
 from rallypoint.mdns.announce import Mdns
 from rallypoint.model import ClusterSpec
 from rallypoint.sidecar import Sidecar
-from tests.conftest import require
 from tests.fakes import FakeResolver
-from tests.inprocess.test_mdns import loopback_multicast_works
-from tests.inprocess.test_rendezvous import base_settings, free_port
+from tests.support.ports import free_port
+from tests.support.settings import fast_settings
 
 WAIT_S = 30.0
 TOKEN = "mdns-secret"
-
-
-@pytest.fixture(scope="module")
-def multicast_lo() -> None:
-    require(loopback_multicast_works(), "multicast over loopback (127.0.0.1) is not available")
-
-
-@pytest.fixture
-def session() -> str:
-    # A fresh session per test: other suites may announce on loopback at the same time.
-    return f"t{uuid.uuid4().hex[:12]}"
 
 
 def address(host: str) -> str:
@@ -79,7 +66,7 @@ class Nodes:
             "RALLYPOINT_SESSION": self.session,
             "HOSTNAME": host,
         }
-        settings = base_settings(
+        settings = fast_settings(
             local_port=self.local_ports[host],
             peer_port=self.peer_ports[host],
             mdns=True,

@@ -18,8 +18,11 @@ from typing import Any
 
 from tests.conftest import require
 from tests.multihost import harness
+from tests.support import allreduce
 
 HERE = Path(__file__).parent
+#: The gloo all-reduce client every torch launcher runs (tests/support/allreduce.py).
+ALLREDUCE = Path(allreduce.__file__)
 #: Keep the clients small on a shared two-core machine.
 QUIET_ENV = {
     "OMP_NUM_THREADS": "1",
@@ -83,6 +86,14 @@ def run_clients(
     return outcomes
 
 
+def run_script(
+    nodes: Sequence[harness.Node], script: str, *, timeout_s: float, label: str
+) -> dict[str, Outcome]:
+    """``python script`` (a client beside this module) on every node, under `rallypoint exec`."""
+    command = rallypoint_exec(python(script))
+    return run_clients(nodes, lambda _node: command, timeout_s=timeout_s, label=label)
+
+
 def parse_results(text: str) -> list[dict[str, Any]]:
     """Every ``RESULT {json}`` in a log, also where processes sharing it wrote on one line."""
     decoder = json.JSONDecoder()
@@ -101,3 +112,45 @@ def describe(outcomes: Mapping[str, Outcome], tail_lines: int = 25) -> str:
         tail = "\n".join(outcome.log.splitlines()[-tail_lines:])
         parts.append(f"--- {name}: exit {outcome.code}\n{tail}")
     return "\n".join(parts)
+
+
+#: torchrun with no flags: static rendezvous, every value from the served PET_*.
+STATIC = "static"
+#: c10d: the endpoint from the served env (expanded by the shell that `exec` starts).
+C10D = (
+    'exec "$0" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" '
+    '--rdzv-id "$RALLYPOINT_GENERATION" "$1"'
+)
+
+
+def torchrun_command(backend: str) -> list[str]:
+    script = str(ALLREDUCE)
+    if backend == STATIC:
+        return rallypoint_exec([venv_tool("torchrun"), script])
+    return rallypoint_exec(["sh", "-c", C10D, venv_tool("torchrun"), script])
+
+
+def run_torch_job(
+    nodes: Sequence[harness.Node], script: Path, *, timeout_s: float = 60.0
+) -> dict[str, tuple[int | None, Any]]:
+    """Run the all-reduce client on each node against its own sidecar.
+
+    Returns name -> (exit code, the result it printed or None); a client still running
+    after timeout_s is killed and reported with exit code None.
+    """
+    sidecar = f"http://127.0.0.1:{harness.LOCAL_PORT}"
+    outcomes = run_clients(
+        nodes,
+        lambda _node: [sys.executable, str(script), "--sidecar", sidecar, "--timeout", "30"],
+        timeout_s=timeout_s,
+        label="torch",
+    )
+    return {name: (o.code, o.results[-1] if o.results else None) for name, o in outcomes.items()}
+
+
+def run_torchrun(
+    nodes: Sequence[harness.Node], backend: str, *, timeout_s: float
+) -> dict[str, Outcome]:
+    """torchrun with ``backend`` on every node, under `rallypoint exec`."""
+    command = torchrun_command(backend)
+    return run_clients(nodes, lambda _node: command, timeout_s=timeout_s, label="torchrun")

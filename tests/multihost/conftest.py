@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
-from tests.multihost import harness
+from tests.conftest import has_failed, require
+from tests.multihost import clients, harness
 
 #: Small timings so that every scenario finishes in seconds; scenarios add their own flags.
 FAST_ARGS = (
@@ -25,16 +25,6 @@ TOKEN = "multihost-test-secret"
 HOSTS = ("sub1", "main1", "sub2")
 
 MakeCluster = harness.MakeCluster
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Remember each phase's outcome on the item, so fixtures can dump logs on failure."""
-    report = yield
-    setattr(item, f"rp_report_{report.when}", report)
-    return report
 
 
 @pytest.fixture(scope="session")
@@ -78,10 +68,7 @@ def make_cluster(
         return cluster
 
     yield make
-    failed = any(
-        getattr(getattr(request.node, f"rp_report_{when}", None), "failed", False)
-        for when in ("setup", "call")
-    )
+    failed = has_failed(request.node)
     for cluster in made:
         if failed:
             print(f"==== logs of {cluster.id} ({cluster.workdir})")
@@ -102,4 +89,4 @@ def torch_script() -> Path:
         importlib.util.find_spec("torch") is not None,
         "PyTorch is not installed (pip install torch==2.13.0)",
     )
-    return Path(__file__).with_name("torch_allreduce.py")
+    return clients.ALLREDUCE

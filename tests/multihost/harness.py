@@ -1,26 +1,20 @@
 """Clusters of Linux network namespaces running real sidecars, with faults to inject.
 
-Importable without pytest so that benchmarks can drive the same clusters. Needs root,
-``ip`` (iproute2 with ``ip netns``) and ``unshare``; ``iptables`` when the host filters
-bridged frames (Docker hosts do).
-
-Each node gets a namespace with one veth into a private bridge, an address in
-``10.213.0.0/24`` (assigned only inside the namespaces, never routed anywhere), ``lo`` up,
-its own ``/etc/netns/NS/hosts`` and ``resolv.conf`` (``ip netns exec`` bind-mounts them over
-``/etc``) and its own host name through a UTS namespace. Nothing leaves the bridge: there
-is no default route and the resolver points at the namespace's own loopback.
+Importable without pytest so that benchmarks can drive the same clusters; the namespaces,
+the bridge and the sweeper are tests/support/netns.py's. Each node gets an address in
+``10.213.0.0/24`` (assigned only inside the namespaces, never routed anywhere). Nothing
+leaves the bridge: there is no default route and the resolver points at the namespace's
+own loopback.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import http.client
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,27 +24,31 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from tests.support import netns
+from tests.support.netns import (
+    ETC_NETNS,
+    IFNAME,
+    NETNS_DIR,
+    die_with_parent,
+    in_namespace,
+    sh,
+    wait_for,
+    write_hosts,
+)
 
 SUBNET = "10.213.0"
-PREFIX_LEN = 24
 #: IPv6 clusters (family "ipv6" or "dual"): unique local addresses, one /64 per bridge.
 SUBNET6 = "fd00:"
-PREFIX_LEN6 = 64
 #: Address families a Cluster can be built with.
 FAMILIES = ("ipv4", "ipv6", "dual")
-NETNS_DIR = Path("/run/netns")
-ETC_NETNS = Path("/etc/netns")
 #: Who owns which tag: one file per live run, so the sweeper leaves concurrent runs alone.
 OWNERS_DIR = Path("/run/rallypoint-multihost")
 LOCAL_PORT = 7780
 PEER_PORT = 7781
-IFNAME = "eth0"
 _CLONE_NEWNET = 0x40000000
-_PR_SET_PDEATHSIG = 1
 _TAG_RE = re.compile(r"^(rp\d{1,3})(?:-|c\d)")
-
-T = TypeVar("T")
 
 
 def run_tag() -> str:
@@ -60,64 +58,7 @@ def run_tag() -> str:
 
 def prerequisites() -> str | None:
     """Why namespace clusters cannot run here, or None when they can."""
-    if not sys.platform.startswith("linux"):
-        return "network namespaces need Linux"
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    for tool in ("ip", "unshare"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not on PATH"
-    probe = f"{run_tag()}-probe"
-    created = _sh(["ip", "netns", "add", probe], check=False)
-    if created.returncode != 0:
-        return f"`ip netns add` failed: {created.stderr.strip()}"
-    _sh(["ip", "netns", "del", probe], check=False)
-    return None
-
-
-def _sh(
-    argv: Sequence[str], *, check: bool = True, timeout: float = 30.0
-) -> subprocess.CompletedProcess[str]:
-    """Run a short administrative command; raise with its stderr when check fails."""
-    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
-    return done
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the spawning thread dies, even by SIGKILL."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def wait_for(
-    probe: Callable[[], T | None],
-    *,
-    timeout_s: float,
-    interval_s: float = 0.1,
-    what: str = "condition",
-    describe: Callable[[], str] | None = None,
-) -> T:
-    """Poll until probe returns something truthy and return it; TimeoutError after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"; last seen: {describe()}" if describe is not None else ""
-            raise TimeoutError(f"{what} not reached within {timeout_s:g} s{extra}")
-        time.sleep(interval_s)
+    return netns.prerequisites(f"{run_tag()}-probe")
 
 
 # --- sockets and HTTP inside a namespace ------------------------------------------------------
@@ -218,9 +159,7 @@ def tcp_connect(ns: str, host: str, port: int, *, timeout_s: float = 2.0) -> str
 
 def base_environ() -> dict[str, str]:
     """The few variables a child needs; nothing of the caller's environment leaks into nodes."""
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
-    env = {key: os.environ[key] for key in keep if key in os.environ}
-    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env = netns.base_environ(keep=("PYTHONPATH", "VIRTUAL_ENV"))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -309,15 +248,7 @@ class Node:
         return self.hosts_path.read_text()
 
     def write_hosts(self, text: str) -> None:
-        """Replace the hosts file's content in place.
-
-        In place, not by rename: the namespace sees the file through a bind mount of its
-        inode, and a renamed-over file would be invisible to processes already running.
-        """
-        with open(self.hosts_path, "r+") as handle:
-            handle.seek(0)
-            handle.write(text)
-            handle.truncate()
+        write_hosts(self.ns, text)
 
     def set_host_entries(self, entries: Mapping[str, str | None]) -> None:
         """Rewrite the node entries: name -> address, or None to drop the name entirely."""
@@ -339,7 +270,7 @@ class Node:
 
     def inside(self, argv: Sequence[str]) -> None:
         """Run an administrative command (ip, iptables) inside this node's namespace."""
-        _sh(["ip", "netns", "exec", self.ns, *argv])
+        sh(["ip", "netns", "exec", self.ns, *argv])
 
     def blackhole(self, address: str) -> None:
         """Drop everything this node sends to address (a route into nowhere)."""
@@ -350,21 +281,16 @@ class Node:
 
     def link_down(self) -> None:
         """Cut this node off the bridge (its interface stays up, frames go nowhere)."""
-        _sh(["ip", "link", "set", self.veth, "down"])
+        sh(["ip", "link", "set", self.veth, "down"])
 
     def link_up(self) -> None:
-        _sh(["ip", "link", "set", self.veth, "up"])
+        sh(["ip", "link", "set", self.veth, "up"])
 
     # processes -------------------------------------------------------------------------------
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """argv wrapped to run in this namespace with this node's host name."""
-        return [
-            "ip", "netns", "exec", self.ns,
-            "unshare", "--uts",
-            "sh", "-c", 'hostname "$0" && exec "$@"', self.name,
-            *argv,
-        ]  # fmt: skip
+        return in_namespace(self.ns, self.name, argv)
 
     def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, label: str = "proc"
@@ -381,7 +307,7 @@ class Node:
                 stderr=subprocess.STDOUT,
                 env=full_env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         proc = Proc(f"{self.name}:{label}", tuple(argv), log_path, popen)
         self.procs.append(proc)
@@ -621,8 +547,8 @@ class Cluster:
         Cluster._serial += 1
         self.tag = run_tag()
         self.id = f"{self.tag}c{Cluster._serial}"
-        self.bridge = f"{self.id}br"
-        if len(self.bridge) > 15 or len(f"{self.id}v{len(hosts)}") > 15:
+        self.bridge = netns.Bridge(f"{self.id}br")
+        if len(f"{self.id}v{len(hosts)}") > 15:
             raise ValueError(f"interface names for {self.id} exceed 15 characters")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -645,7 +571,6 @@ class Cluster:
                 veth=f"{self.id}v{index}",
                 address6=v6 if family == "dual" else None,
             )
-        self._forward_rule = False
         self._closed = False
 
     def __getitem__(self, name: str) -> Node:
@@ -676,65 +601,16 @@ class Cluster:
         return "\n".join(lines) + "\n"
 
     def up(self) -> None:
-        """Create the bridge, namespaces, veths, addresses, hosts files and forward rule."""
-        _register(self)
-        OWNERS_DIR.mkdir(parents=True, exist_ok=True)
-        (OWNERS_DIR / self.tag).write_text(str(os.getpid()))
+        """Create the bridge, namespaces, veths, addresses and hosts files."""
+        RUNS.claim(self)
         try:
-            self._build()
+            self.bridge.up()
+            for node in self:
+                peer = f"{self.id}p{node.index}"
+                self.bridge.add_host(node.ns, node.veth, peer, node.addresses, self.hosts_text({}))
         except BaseException:
             self.close()
             raise
-
-    def _build(self) -> None:
-        # No multicast snooping: without an IGMP querier on the bridge it would stop
-        # flooding mDNS (224.0.0.251, ff02::fb) to the ports after a while.
-        _sh(["ip", "link", "add", self.bridge, "type", "bridge", "mcast_snooping", "0"])
-        _sh(["ip", "link", "set", self.bridge, "up"])
-        if shutil.which("iptables") is not None:
-            # Docker sets FORWARD's policy to DROP, and with br_netfilter bridged frames
-            # traverse it; this rule lets our bridge talk to itself and nothing else.
-            _sh(["iptables", "-I", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"])
-            self._forward_rule = True
-        for node in self:
-            etc = ETC_NETNS / node.ns
-            etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text(self.hosts_text({}))
-            # Queries for unknown names go to the namespace's own loopback and fail at once,
-            # instead of timing out or leaking to a real DNS server.
-            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-            _sh(["ip", "netns", "add", node.ns])
-            peer = f"{self.id}p{node.index}"
-            _sh(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", peer])
-            _sh(["ip", "link", "set", peer, "netns", node.ns])
-            _sh(["ip", "link", "set", node.veth, "master", self.bridge, "up"])
-            inside = ["ip", "-n", node.ns]
-            _sh([*inside, "link", "set", peer, "name", IFNAME])
-            _sh([*inside, "link", "set", "lo", "up"])
-            # No duplicate address detection: addresses are unique by construction and DAD
-            # would leave the link-local address tentative for the first seconds.
-            _sh(
-                ["ip", "netns", "exec", node.ns, "sh", "-c",
-                 f"echo 0 > /proc/sys/net/ipv6/conf/{IFNAME}/accept_dad"],
-                check=False,
-            )  # fmt: skip
-            for address in node.addresses:
-                length = PREFIX_LEN6 if ":" in address else PREFIX_LEN
-                _sh(
-                    [
-                        *inside,
-                        "addr",
-                        "add",
-                        f"{address}/{length}",
-                        "dev",
-                        IFNAME,
-                        *(("nodad",) if ":" in address else ()),
-                    ]
-                )
-            _sh([*inside, "link", "set", IFNAME, "up"])
-            if self.family != "ipv6":
-                # Multicast needs a route; unicast outside the subnet has none, on purpose.
-                _sh([*inside, "route", "add", "224.0.0.0/4", "dev", IFNAME])
 
     # orchestrator variables ----------------------------------------------------------------
 
@@ -772,16 +648,9 @@ class Cluster:
             for proc in node.procs:
                 proc.kill()
         for node in self:
-            _sh(["ip", "link", "del", node.veth], check=False)
-            _sh(["ip", "netns", "del", node.ns], check=False)
-            shutil.rmtree(ETC_NETNS / node.ns, ignore_errors=True)
-        _sh(["ip", "link", "del", self.bridge], check=False)
-        if self._forward_rule:
-            _sh(
-                ["iptables", "-D", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"],
-                check=False,
-            )
-        _unregister(self)
+            self.bridge.remove_host(node.ns, node.veth)
+        self.bridge.close()
+        RUNS.release(self)
 
 
 _ROLE_NAME = re.compile(r"([a-z]+?)(\d+)")
@@ -825,113 +694,37 @@ def backendai_environ(cluster: Cluster, node: Node) -> dict[str, str]:
     }
 
 
+def no_orchestrator(_cluster: Cluster, _node: Node) -> dict[str, str]:
+    """No orchestrator variables at all: the nodes know only their count and session."""
+    return {}
+
+
+def mdns_cluster(make_cluster: MakeCluster, hosts: tuple[str, ...], nnodes: int) -> Cluster:
+    """A cluster whose sidecars use RALLYPOINT_DISCOVERY=mdns on the bridge interface."""
+    cluster = make_cluster(hosts=hosts)
+    cluster.environ_for = no_orchestrator
+    cluster.sidecar_env.update(
+        {
+            "RALLYPOINT_DISCOVERY": "mdns",
+            "RALLYPOINT_NNODES": str(nnodes),
+            "RALLYPOINT_SESSION": cluster.session,
+            "RALLYPOINT_MDNS_INTERFACES": IFNAME,
+        }
+    )
+    return cluster
+
+
 # --- lifetime: atexit and the stale-resource sweeper ------------------------------------------
 
-_LIVE: list[Cluster] = []
-_LIVE_LOCK = threading.Lock()
-_ATEXIT = False
-
-
-def _register(cluster: Cluster) -> None:
-    global _ATEXIT
-    with _LIVE_LOCK:
-        _LIVE.append(cluster)
-        if not _ATEXIT:
-            atexit.register(close_all)
-            _ATEXIT = True
-
-
-def _unregister(cluster: Cluster) -> None:
-    with _LIVE_LOCK:
-        if cluster in _LIVE:
-            _LIVE.remove(cluster)
-
-
-def close_all() -> None:
-    """Close every cluster this process still has open (atexit does this too)."""
-    with _LIVE_LOCK:
-        live = list(_LIVE)
-    for cluster in live:
-        cluster.close()
-
-
-def _stale(tag: str) -> bool:
-    """A tag is stale unless another live process owns it."""
-    if tag == run_tag():
-        # Ours: anything not belonging to an open cluster is left over from an earlier run
-        # whose pid had the same last three digits.
-        with _LIVE_LOCK:
-            return not _LIVE
-    try:
-        pid = int((OWNERS_DIR / tag).read_text().strip())
-    except (OSError, ValueError):
-        return True
-    return pid == os.getpid() or not _pid_alive(pid)
+RUNS = netns.Runs(OWNERS_DIR, run_tag)
+close_all = RUNS.close_all
 
 
 def sweep_stale() -> list[str]:
     """Delete leftovers of dead runs (processes, namespaces, links, files, rules); list them."""
-    removed: list[str] = []
-    namespaces = NETNS_DIR.iterdir() if NETNS_DIR.is_dir() else iter(())
-    for entry in sorted(namespaces):
-        match = _TAG_RE.match(entry.name)
-        if match is None or not _stale(match.group(1)):
-            continue
-        pids = _sh(["ip", "netns", "pids", entry.name], check=False).stdout.split()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-        _sh(["ip", "netns", "del", entry.name], check=False)
-        removed.append(f"netns {entry.name}")
-    links = json.loads(_sh(["ip", "-j", "link", "show"]).stdout or "[]")
-    for link in links:
-        name = str(link.get("ifname", ""))
-        match = _TAG_RE.match(name)
-        if match is None or not _stale(match.group(1)):
-            continue
-        _sh(["ip", "link", "del", name], check=False)
-        removed.append(f"link {name}")
-    if shutil.which("iptables") is not None:
-        for line in _sh(["iptables", "-S", "FORWARD"], check=False).stdout.splitlines():
-            found = re.fullmatch(r"-A FORWARD -i (\S+) -o \1 -j ACCEPT", line.strip())
-            tag = _TAG_RE.match(found.group(1)) if found else None
-            if found and tag and _stale(tag.group(1)):
-                _sh(["iptables", "-D", *line.split()[1:]], check=False)
-                removed.append(f"iptables rule for {found.group(1)}")
-    if ETC_NETNS.is_dir():
-        for entry in ETC_NETNS.iterdir():
-            match = _TAG_RE.match(entry.name)
-            if match is not None and _stale(match.group(1)):
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(f"dir {entry}")
+    removed = RUNS.sweep(_TAG_RE)
     if OWNERS_DIR.is_dir():
         for entry in OWNERS_DIR.iterdir():
-            if entry.name != run_tag() and _stale(entry.name):
+            if entry.name != run_tag() and RUNS.stale(entry.name):
                 entry.unlink(missing_ok=True)
     return removed
-
-
-def run_torch_job(
-    nodes: Sequence[Node], script: Path, *, timeout_s: float = 60.0, args: Sequence[str] = ()
-) -> dict[str, tuple[int | None, Any]]:
-    """Run the all-reduce client on each node against its own sidecar.
-
-    Returns name -> (exit code, the JSON line it printed or None); a client still running
-    after timeout_s is killed and reported with exit code None.
-    """
-    procs = {
-        node.name: node.spawn([sys.executable, str(script), *args], label="torch") for node in nodes
-    }
-    deadline = time.monotonic() + timeout_s
-    results: dict[str, tuple[int | None, Any]] = {}
-    for name, proc in procs.items():
-        try:
-            code: int | None = proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = None
-        line = next(
-            (text for text in reversed(proc.log().splitlines()) if text.startswith("{")), None
-        )
-        results[name] = (code, json.loads(line) if line else None)
-    return results

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.multihost import harness
+from tests.multihost import clients, harness
 from tests.multihost.conftest import MakeCluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
@@ -79,8 +79,8 @@ def run_job(
         except subprocess.TimeoutExpired:
             proc.kill()
             code = None
-        line = next((t for t in reversed(proc.log().splitlines()) if t.startswith("{")), None)
-        results[name] = (code, json.loads(line) if line else None)
+        found = clients.parse_results(proc.log())
+        results[name] = (code, found[-1] if found else None)
     return results
 
 

@@ -33,7 +33,7 @@ def deepspeed_command(node: harness.Node) -> list[str]:
             "--hostfile", str(hostfile), "--out", str(hostfile.with_suffix(".env"))]  # fmt: skip
     launch = clients.rallypoint_exec(
         ["sh", "-c", LAUNCH, clients.venv_tool("deepspeed"), str(hostfile),
-         str(clients.HERE / "torchrun_allreduce.py")]
+         str(clients.ALLREDUCE)]
     )  # fmt: skip
     return ["sh", "-c", f"{shlex.join(wait)} && exec {shlex.join(launch)}"]
 

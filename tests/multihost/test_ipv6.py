@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from pathlib import Path
 
 import pytest
 
@@ -72,20 +71,13 @@ def test_torch_tf_and_jax_run_on_served_ipv6_addresses(
         else:
             assert all(not task.startswith("[") for task in tasks)  # names need no brackets
 
-    torch_results = harness.run_torch_job(
-        list(cluster), Path(__file__).with_name("torch_allreduce.py"), timeout_s=JOB_S
-    )
+    torch_results = clients.run_torch_job(list(cluster), clients.ALLREDUCE, timeout_s=JOB_S)
     for name, (code, result) in torch_results.items():
         assert code == 0 and result is not None and result["ok"], (name, code, result)
         assert result["sum"] == 6.0 and result["master_addr"] == master
 
     for label, script in (("tf", "tf_allreduce.py"), ("jax", "jax_allreduce.py")):
-        outcomes = clients.run_clients(
-            list(cluster),
-            lambda node, script=script: clients.rallypoint_exec(clients.python(script)),
-            timeout_s=JOB_S,
-            label=label,
-        )
+        outcomes = clients.run_script(list(cluster), script, timeout_s=JOB_S, label=label)
         report = clients.describe(outcomes)
         for outcome in outcomes.values():
             assert outcome.code == 0 and len(outcome.results) == 1, report
@@ -96,8 +88,6 @@ def test_torch_tf_and_jax_run_on_served_ipv6_addresses(
 @pytest.mark.parametrize("backend", ["static", "c10d"])
 def test_torchrun_takes_a_bare_ipv6_master_addr(make_cluster: MakeCluster, backend: str) -> None:
     """torchrun joins MASTER_ADDR and MASTER_PORT with a colon and splits at the last one."""
-    from tests.multihost.test_torchrun import torchrun_command
-
     clients.require_module("torch", "pip install torch==2.13.0")
     cluster = make_cluster(
         args=("--frameworks", "torch", "--master-addr", "ip", "--nproc-per-node", "2"),
@@ -108,9 +98,7 @@ def test_torchrun_takes_a_bare_ipv6_master_addr(make_cluster: MakeCluster, backe
     master = cluster["main1"].address
     assert {values["PET_MASTER_ADDR"] for values in served.values()} == {master}
 
-    outcomes = clients.run_clients(
-        list(cluster), lambda node: torchrun_command(backend), timeout_s=JOB_S, label="torchrun"
-    )
+    outcomes = clients.run_torchrun(list(cluster), backend, timeout_s=JOB_S)
 
     report = clients.describe(outcomes)
     ranks = []

@@ -37,12 +37,7 @@ def test_jax_collective_runs_on_the_served_env(make_cluster: MakeCluster, family
     # The master's sidecar holds the coordinator port: a plain bind there fails ...
     assert cluster["main1"].try_bind(port) == errno.EADDRINUSE
 
-    outcomes = clients.run_clients(
-        list(cluster),
-        lambda node: clients.rallypoint_exec(clients.python("jax_allreduce.py")),
-        timeout_s=JOB_S,
-        label="jax",
-    )
+    outcomes = clients.run_script(list(cluster), "jax_allreduce.py", timeout_s=JOB_S, label="jax")
 
     # ... while JAX's gRPC coordinator binds it, and every process sees every contribution.
     report = clients.describe(outcomes)
@@ -85,12 +80,7 @@ def test_own_names_on_loopback_stay_fatal_with_jax_until_fixed(make_cluster: Mak
     for node in cluster:
         node.unpin()
     cluster.wait_all_ready(READY_S * 2)
-    outcomes = clients.run_clients(
-        list(cluster),
-        lambda node: clients.rallypoint_exec(clients.python("jax_allreduce.py")),
-        timeout_s=JOB_S,
-        label="jax",
-    )
+    outcomes = clients.run_script(list(cluster), "jax_allreduce.py", timeout_s=JOB_S, label="jax")
     report = clients.describe(outcomes)
     for outcome in outcomes.values():
         assert outcome.code == 0 and len(outcome.results) == 1, report

@@ -15,28 +15,8 @@ HOSTS = ("zulu", "alpha", "mike")
 READY_S = 60.0
 
 
-def no_orchestrator(_cluster: harness.Cluster, _node: harness.Node) -> dict[str, str]:
-    """No orchestrator variables at all: the nodes know only their count and session."""
-    return {}
-
-
-def mdns_cluster(make_cluster: MakeCluster, hosts: tuple[str, ...], nnodes: int) -> harness.Cluster:
-    """A cluster whose sidecars use RALLYPOINT_DISCOVERY=mdns on the bridge interface."""
-    cluster = make_cluster(hosts=hosts)
-    cluster.environ_for = no_orchestrator
-    cluster.sidecar_env.update(
-        {
-            "RALLYPOINT_DISCOVERY": "mdns",
-            "RALLYPOINT_NNODES": str(nnodes),
-            "RALLYPOINT_SESSION": cluster.session,
-            "RALLYPOINT_MDNS_INTERFACES": harness.IFNAME,
-        }
-    )
-    return cluster
-
-
 def test_mdns_provider_converges_to_one_env(make_cluster: MakeCluster) -> None:
-    cluster = mdns_cluster(make_cluster, HOSTS, len(HOSTS))
+    cluster = harness.mdns_cluster(make_cluster, HOSTS, len(HOSTS))
     first = cluster["zulu"]
     first.start_sidecar()
     # Alone, zulu already answers: alive, not ready, and says how far discovery got.

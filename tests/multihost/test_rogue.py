@@ -8,7 +8,6 @@ import pytest
 
 from tests.multihost import harness
 from tests.multihost.conftest import TOKEN, MakeCluster
-from tests.multihost.test_mdns_provider import mdns_cluster
 
 pytestmark = pytest.mark.multihost
 
@@ -41,7 +40,7 @@ asyncio.run(main())
 
 def test_a_rogue_announcer_is_ignored_and_counted(make_cluster: MakeCluster) -> None:
     members = ("alpha", "mike", "zulu")
-    cluster = mdns_cluster(make_cluster, (*members, "rogue"), len(members))
+    cluster = harness.mdns_cluster(make_cluster, (*members, "rogue"), len(members))
     rogue = cluster["rogue"]
     argv = [sys.executable, "-c", ROGUE_SCRIPT, cluster.session, TOKEN, harness.IFNAME]
     proc = rogue.spawn([*argv, rogue.address], label="rogue")

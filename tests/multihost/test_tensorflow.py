@@ -53,12 +53,7 @@ def test_multi_worker_all_reduce_runs_on_the_served_tf_config(
         assert own.rpartition(":")[0] == name
         assert cluster[name].try_bind(int(own.rpartition(":")[2])) == errno.EADDRINUSE
 
-    outcomes = clients.run_clients(
-        list(cluster),
-        lambda node: clients.rallypoint_exec(clients.python("tf_allreduce.py")),
-        timeout_s=JOB_S,
-        label="tf",
-    )
+    outcomes = clients.run_script(list(cluster), "tf_allreduce.py", timeout_s=JOB_S, label="tf")
 
     # ... while TensorFlow's gRPC server binds it, and every task gets the full sum.
     report = clients.describe(outcomes)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost import harness
+from tests.multihost import clients, harness
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
@@ -45,7 +45,7 @@ def test_gloo_all_reduce_runs_on_the_served_env(
         assert name in warnings and "127.0.1.1" in warnings, warnings
         assert served[name]["GLOO_SOCKET_IFNAME"] == harness.IFNAME
 
-    results = harness.run_torch_job(list(cluster), torch_script, timeout_s=JOB_S)
+    results = clients.run_torch_job(list(cluster), torch_script, timeout_s=JOB_S)
 
     # ... while the training process, whose TCPStore listens with SO_REUSEADDR, binds it.
     for name, (code, result) in results.items():

@@ -20,24 +20,9 @@ READY_S = 40.0
 JOB_S = 300.0  # nine torch imports (three agents, six workers) on two shared cores
 NPROC = 2
 
-#: torchrun with no flags: static rendezvous, every value from the served PET_*.
-STATIC = "static"
-#: c10d: the endpoint from the served env (expanded by the shell that `exec` starts).
-C10D = (
-    'exec "$0" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" '
-    '--rdzv-id "$RALLYPOINT_GENERATION" "$1"'
-)
-
-
-def torchrun_command(backend: str) -> list[str]:
-    script = str(clients.HERE / "torchrun_allreduce.py")
-    if backend == STATIC:
-        return clients.rallypoint_exec([clients.venv_tool("torchrun"), script])
-    return clients.rallypoint_exec(["sh", "-c", C10D, clients.venv_tool("torchrun"), script])
-
 
 @pytest.mark.parametrize("family", ["ipv4", "ipv6", "dual"])
-@pytest.mark.parametrize("backend", [STATIC, "c10d"])
+@pytest.mark.parametrize("backend", [clients.STATIC, "c10d"])
 def test_torchrun_runs_two_processes_per_node_on_the_served_env(
     make_cluster: MakeCluster, backend: str, family: str
 ) -> None:
@@ -57,9 +42,7 @@ def test_torchrun_runs_two_processes_per_node_on_the_served_env(
         assert not {"RANK", "LOCAL_RANK", "PET_RDZV_ENDPOINT", "PET_RDZV_BACKEND"} & set(values)
     assert cluster["main1"].try_bind(master_port) == errno.EADDRINUSE
 
-    outcomes = clients.run_clients(
-        list(cluster), lambda node: torchrun_command(backend), timeout_s=JOB_S, label="torchrun"
-    )
+    outcomes = clients.run_torchrun(list(cluster), backend, timeout_s=JOB_S)
 
     report = clients.describe(outcomes)
     ranks: list[int] = []
@@ -70,7 +53,7 @@ def test_torchrun_runs_two_processes_per_node_on_the_served_env(
             assert result["world_size"] == 6 and result["host"] == name
             assert sorted(result["hosts"]) == sorted(cluster.hosts * NPROC)
             ranks.append(result["rank"])
-        if backend == STATIC:
+        if backend == clients.STATIC:
             # Static rendezvous keeps the served node rank: the master's processes are 0, 1.
             node_rank = order.index(name)
             assert sorted(r["rank"] for r in outcome.results) == [2 * node_rank, 2 * node_rank + 1]

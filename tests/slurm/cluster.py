@@ -21,33 +21,28 @@ Slurm installed on the machine.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
-import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+
+from tests.support import netns
+from tests.support.netns import sh, wait_for
 
 SUBNET = "10.214.0"
-PREFIX_LEN = 24
 CONTROLLER = "head"
 #: Compute nodes, in Slurm's order; ``gpu[07-09]`` is what SLURM_JOB_NODELIST shows.
 NODES = ("gpu07", "gpu08", "gpu09")
 NODELIST = "gpu[07-09]"
 PARTITION = "gpu"
-IFNAME = "eth0"
-NETNS_DIR = Path("/run/netns")
-ETC_NETNS = Path("/etc/netns")
+#: Every host's interface on the bridge (what GLOO_SOCKET_IFNAME should name).
+IFNAME = netns.IFNAME
 #: Which tag belongs to which live run (and its munged), so the sweeper spares live runs.
 OWNERS_DIR = Path("/run/rallypoint-slurm")
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "sinfo")
@@ -59,9 +54,6 @@ FINAL_STATES = frozenset(
     }
 )  # fmt: skip
 _TAG_RE = re.compile(r"^(rps\d{1,3})(?:-|br$|[vp]\d)")
-_PR_SET_PDEATHSIG = 1
-
-T = TypeVar("T")
 
 
 def run_tag() -> str:
@@ -71,85 +63,14 @@ def run_tag() -> str:
 
 def prerequisites() -> str | None:
     """Why a Slurm cluster cannot run here, or None when it can."""
-    if not sys.platform.startswith("linux"):
-        return "network namespaces need Linux"
-    if os.geteuid() != 0:
-        return "Slurm daemons in network namespaces need root"
-    for tool in ("ip", "unshare", *DAEMONS):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not on PATH (scripts/setup-system.sh installs it)"
-    probe = f"{run_tag()}-probe"
-    created = _sh(["ip", "netns", "add", probe], check=False)
-    if created.returncode != 0:
-        return f"`ip netns add` failed: {created.stderr.strip()}"
-    _sh(["ip", "netns", "del", probe], check=False)
-    return None
-
-
-def _sh(
-    argv: Sequence[str],
-    *,
-    check: bool = True,
-    timeout: float = 30.0,
-    env: Mapping[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run a short command; raise with its stderr when check fails."""
-    done = subprocess.run(
-        list(argv),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=None if env is None else dict(env),
+    return netns.prerequisites(
+        f"{run_tag()}-probe", DAEMONS, root_for="Slurm daemons in network namespaces"
     )
-    if check and done.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(argv)} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}"
-        )
-    return done
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the spawning thread dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def wait_for(
-    probe: Callable[[], T | None],
-    *,
-    timeout_s: float,
-    interval_s: float = 0.2,
-    what: str = "condition",
-    describe: Callable[[], str] | None = None,
-) -> T:
-    """Poll until probe returns something truthy and return it; TimeoutError after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"; last seen: {describe()}" if describe is not None else ""
-            raise TimeoutError(f"{what} not reached within {timeout_s:g} s{extra}")
-        time.sleep(interval_s)
 
 
 def base_environ() -> dict[str, str]:
     """The few variables a daemon or client needs; nothing else of the caller's leaks in."""
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
-    env = {key: os.environ[key] for key in keep if key in os.environ}
-    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    return env
+    return netns.base_environ()
 
 
 @dataclass(frozen=True)
@@ -195,7 +116,7 @@ class SlurmCluster:
     def __init__(self, workdir: Path, nodes: Sequence[str] = NODES) -> None:
         self.tag = run_tag()
         self.workdir = Path(workdir)
-        self.bridge = f"{self.tag}br"
+        self.bridge = netns.Bridge(f"{self.tag}br")
         names = (CONTROLLER, *nodes)
         self.hosts: dict[str, Host] = {
             name: Host(
@@ -210,7 +131,6 @@ class SlurmCluster:
         self.conf = self.workdir / "slurm.conf"
         self.munge_socket = self.workdir / "munge" / "munge.socket"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._forward_rule = False
         self._closed = False
         self._jobs = 0
 
@@ -228,13 +148,10 @@ class SlurmCluster:
 
     def up(self, ready_timeout_s: float = 90.0) -> None:
         """Build the network, write the configuration, start munged, slurmctld and slurmds."""
-        with _LIVE_LOCK:
-            if _LIVE:
-                # Resource names carry only the pid: a second cluster would reuse them.
-                raise RuntimeError("one Slurm cluster per process: close the other first")
-        _register(self)
-        OWNERS_DIR.mkdir(parents=True, exist_ok=True)
-        (OWNERS_DIR / self.tag).write_text(str(os.getpid()))
+        if RUNS.is_open():
+            # Resource names carry only the pid: a second cluster would reuse them.
+            raise RuntimeError("one Slurm cluster per process: close the other first")
+        RUNS.claim(self)
         try:
             self._network()
             self._files()
@@ -258,10 +175,7 @@ class SlurmCluster:
 
     def write_hosts(self, name: str, text: str) -> None:
         """Replace a namespace's hosts file in place (a bind mount follows the inode)."""
-        with open(ETC_NETNS / self.hosts[name].ns / "hosts", "r+") as handle:
-            handle.seek(0)
-            handle.write(text)
-            handle.truncate()
+        netns.write_hosts(self.hosts[name].ns, text)
 
     def pin_own_name(self, name: str, address: str = "127.0.1.1") -> None:
         """Make a node's own name resolve to address on that node, as Debian does."""
@@ -273,31 +187,11 @@ class SlurmCluster:
             self.write_hosts(name, self.hosts_text())
 
     def _network(self) -> None:
-        _sh(["ip", "link", "add", self.bridge, "type", "bridge", "mcast_snooping", "0"])
-        _sh(["ip", "link", "set", self.bridge, "up"])
-        if shutil.which("iptables") is not None:
-            # With a Docker engine FORWARD's policy is DROP and, with br_netfilter, bridged
-            # frames traverse it: srun's I/O comes back across the bridge to where it ran.
-            _sh(["iptables", "-I", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"])
-            self._forward_rule = True
+        # The bridge's forward rule matters here too: srun's I/O comes back across it.
+        self.bridge.up()
         for index, host in enumerate(self.hosts.values()):
-            etc = ETC_NETNS / host.ns
-            etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text(self.hosts_text())
-            # Unknown names fail at once instead of reaching a real DNS server.
-            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-            _sh(["ip", "netns", "add", host.ns])
             peer = f"{self.tag}p{index}"
-            _sh(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer])
-            _sh(["ip", "link", "set", peer, "netns", host.ns])
-            _sh(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
-            inside = ["ip", "-n", host.ns]
-            _sh([*inside, "link", "set", peer, "name", IFNAME])
-            _sh([*inside, "link", "set", "lo", "up"])
-            _sh([*inside, "addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", IFNAME])
-            _sh([*inside, "link", "set", IFNAME, "up"])
-            # mDNS needs a multicast route; unicast outside the subnet has none, on purpose.
-            _sh([*inside, "route", "add", "224.0.0.0/4", "dev", IFNAME])
+            self.bridge.add_host(host.ns, host.veth, peer, [host.address], self.hosts_text())
 
     def _files(self) -> None:
         work = self.workdir
@@ -336,13 +230,7 @@ class SlurmCluster:
 
     def command(self, name: str, argv: Sequence[str]) -> list[str]:
         """argv wrapped to run on host name: its namespace and its host name."""
-        host = self.hosts[name]
-        return [
-            "ip", "netns", "exec", host.ns,
-            "unshare", "--uts",
-            "sh", "-c", 'hostname "$0" && exec "$@"', host.name,
-            *argv,
-        ]  # fmt: skip
+        return netns.in_namespace(self.hosts[name].ns, name, argv)
 
     def _spawn(self, label: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
         log = self.workdir / "log" / f"{label}.out"
@@ -354,7 +242,7 @@ class SlurmCluster:
                 stderr=subprocess.STDOUT,
                 env=self.environ(),
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=netns.die_with_parent,
             )
         self._procs[label] = popen
         return popen
@@ -377,6 +265,7 @@ class SlurmCluster:
         wait_for(
             lambda: self.munge_socket.exists() or popen.poll() is not None,
             timeout_s=30,
+            interval_s=0.2,
             what="munged socket",
         )
         if popen.poll() is not None:
@@ -401,7 +290,11 @@ class SlurmCluster:
             return len(states) == len(self.nodes) and set(states.values()) == {"idle"}
 
         wait_for(
-            idle, timeout_s=timeout_s, what="every node idle", describe=lambda: self.describe()
+            idle,
+            timeout_s=timeout_s,
+            interval_s=0.2,
+            what="every node idle",
+            describe=lambda: self.describe(),
         )
 
     def node_states(self) -> dict[str, str]:
@@ -492,6 +385,7 @@ class SlurmCluster:
             wait_for(
                 lambda: self.job_record(job_id).get("JobState") in FINAL_STATES,
                 timeout_s=30,
+                interval_s=0.2,
                 what=f"job {job_id} cancelled",
             )
             record = self.job_record(job_id)
@@ -553,7 +447,7 @@ class SlurmCluster:
 
     def strays(self, name: str) -> list[int]:
         """Pids of every process in a host's namespace."""
-        done = _sh(["ip", "netns", "pids", self.hosts[name].ns], check=False)
+        done = sh(["ip", "netns", "pids", self.hosts[name].ns], check=False)
         return [int(pid) for pid in done.stdout.split() if pid.isdigit()]
 
     def close(self) -> None:
@@ -575,21 +469,14 @@ class SlurmCluster:
         for host in self.hosts.values():
             # slurmstepd and anything a job left behind outlive slurmd: they are in the
             # namespace, so this finds them all.
-            for pid in self.strays(host.name) if (NETNS_DIR / host.ns).exists() else []:
+            for pid in self.strays(host.name) if (netns.NETNS_DIR / host.ns).exists() else []:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            _sh(["ip", "link", "del", host.veth], check=False)
-            _sh(["ip", "netns", "del", host.ns], check=False)
-            shutil.rmtree(ETC_NETNS / host.ns, ignore_errors=True)
-        _sh(["ip", "link", "del", self.bridge], check=False)
-        if self._forward_rule:
-            _sh(
-                ["iptables", "-D", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"],
-                check=False,
-            )
+            self.bridge.remove_host(host.ns, host.veth)
+        self.bridge.close()
         (OWNERS_DIR / f"{self.tag}.munged").unlink(missing_ok=True)
         (OWNERS_DIR / self.tag).unlink(missing_ok=True)
-        _unregister(self)
+        RUNS.release(self)
 
 
 #: slurm.conf of the test cluster. Everything lives in the work directory; SlurmUser is
@@ -631,43 +518,8 @@ PartitionName={partition} Nodes={nodelist} Default=YES MaxTime=INFINITE State=UP
 
 # --- lifetime: atexit and the stale-resource sweeper ------------------------------------------
 
-_LIVE: list[SlurmCluster] = []
-_LIVE_LOCK = threading.Lock()
-_ATEXIT: list[bool] = []
-
-
-def _register(cluster: SlurmCluster) -> None:
-    with _LIVE_LOCK:
-        _LIVE.append(cluster)
-        if not _ATEXIT:
-            atexit.register(close_all)
-            _ATEXIT.append(True)
-
-
-def _unregister(cluster: SlurmCluster) -> None:
-    with _LIVE_LOCK:
-        if cluster in _LIVE:
-            _LIVE.remove(cluster)
-
-
-def close_all() -> None:
-    """Close every cluster this process still has open (atexit does this too)."""
-    with _LIVE_LOCK:
-        live = list(_LIVE)
-    for cluster in live:
-        cluster.close()
-
-
-def _stale(tag: str) -> bool:
-    """A tag is stale unless a live process other than a finished run of ours owns it."""
-    if tag == run_tag():
-        with _LIVE_LOCK:
-            return not _LIVE
-    try:
-        pid = int((OWNERS_DIR / tag).read_text().strip())
-    except (OSError, ValueError):
-        return True
-    return not _pid_alive(pid)
+RUNS = netns.Runs(OWNERS_DIR, run_tag)
+close_all = RUNS.close_all
 
 
 def _is_munged(pid: int) -> bool:
@@ -679,41 +531,11 @@ def _is_munged(pid: int) -> bool:
 
 def sweep_stale() -> list[str]:
     """Delete what dead runs left (daemons, namespaces, links, rules, files); list it."""
-    removed: list[str] = []
-    namespaces = sorted(NETNS_DIR.iterdir()) if NETNS_DIR.is_dir() else []
-    for entry in namespaces:
-        match = _TAG_RE.match(entry.name)
-        if match is None or not _stale(match.group(1)):
-            continue
-        for pid in _sh(["ip", "netns", "pids", entry.name], check=False).stdout.split():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-        _sh(["ip", "netns", "del", entry.name], check=False)
-        removed.append(f"netns {entry.name}")
-    links = json.loads(_sh(["ip", "-j", "link", "show"]).stdout or "[]")
-    for link in links:
-        name = str(link.get("ifname", ""))
-        match = _TAG_RE.match(name)
-        if match is not None and _stale(match.group(1)):
-            _sh(["ip", "link", "del", name], check=False)
-            removed.append(f"link {name}")
-    if shutil.which("iptables") is not None:
-        for line in _sh(["iptables", "-S", "FORWARD"], check=False).stdout.splitlines():
-            found = re.fullmatch(r"-A FORWARD -i (\S+) -o \1 -j ACCEPT", line.strip())
-            tag = _TAG_RE.match(found.group(1)) if found else None
-            if found and tag and _stale(tag.group(1)):
-                _sh(["iptables", "-D", *line.split()[1:]], check=False)
-                removed.append(f"iptables rule for {found.group(1)}")
-    if ETC_NETNS.is_dir():
-        for entry in ETC_NETNS.iterdir():
-            match = _TAG_RE.match(entry.name)
-            if match is not None and _stale(match.group(1)):
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(f"dir {entry}")
+    removed = RUNS.sweep(_TAG_RE)
     if OWNERS_DIR.is_dir():
         for entry in sorted(OWNERS_DIR.iterdir()):
             tag = entry.name.removesuffix(".munged")
-            if not _stale(tag):
+            if not RUNS.stale(tag):
                 continue
             if entry.name.endswith(".munged"):
                 with contextlib.suppress(ValueError, OSError):

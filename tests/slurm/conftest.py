@@ -7,32 +7,24 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import require
+from tests.conftest import has_failed, require
 from tests.slurm import cluster as slurm_cluster
+from tests.support import allreduce
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "deploy" / "slurm.md"
-TRAIN = Path(__file__).with_name("train.py")
+#: The training script of the guide's `torchrun train.py`: the shared gloo all-reduce client.
+TRAIN = Path(allreduce.__file__)
 #: What the machine forces on the guide's script: three nodes of two cores, no GPUs.
 NODES = 3
 NPROC_PER_NODE = 2
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Remember each phase's outcome on the item, so fixtures can dump logs on failure."""
-    report = yield
-    setattr(item, f"rp_report_{report.when}", report)
-    return report
 
 
 @dataclass(frozen=True)
@@ -78,10 +70,7 @@ def slurm(
     made.wait_idle(60)
     yield made
     made.unpin_all()
-    failed = any(
-        getattr(getattr(request.node, f"rp_report_{when}", None), "failed", False)
-        for when in ("setup", "call")
-    )
+    failed = has_failed(request.node)
     if failed:
         print(f"==== Slurm cluster ({made.workdir})\n{made.describe()}")
 
@@ -146,10 +135,32 @@ def runnable_guide_script() -> str:
 
 
 def train_lines(job: slurm_cluster.Job) -> list[dict[str, Any]]:
-    """Every `train {...}` record the job printed, parsed, wherever it starts on a line."""
+    """Every `RESULT {...}` record the job printed, parsed, wherever it starts on a line."""
     decoder = json.JSONDecoder()
     found = []
-    for match in re.finditer(r"train (?=\{)", job.output):
+    for match in re.finditer(r"RESULT (?=\{)", job.output):
         record, _ = decoder.raw_decode(job.output, match.end())
         found.append(record)
     return found
+
+
+def check_every_rank(
+    job: slurm_cluster.Job, nodes: tuple[str, ...], nproc: int
+) -> list[dict[str, Any]]:
+    """Every process of the job printed its line, agreed on the sum and on the master."""
+    assert job.state == "COMPLETED" and job.exit_code == "0:0", job.describe()
+    lines = train_lines(job)
+    world = len(nodes) * nproc
+    assert sorted(line["rank"] for line in lines) == list(range(world)), job.describe()
+    for line in lines:
+        assert line["ok"] is True and line["world_size"] == world, line
+        assert line["sum"] == world * (world + 1) / 2, line
+        assert sorted(set(line["hosts"])) == sorted(nodes), line
+    masters = {(line["env"]["MASTER_ADDR"], line["env"]["MASTER_PORT"]) for line in lines}
+    assert len(masters) == 1, masters
+    # torchrun's node rank is the sidecar's NODE_RANK: the node's place in the job's list.
+    for line in lines:
+        env = line["env"]
+        assert env["SLURMD_NODENAME"] == line["host"], line
+        assert int(env["GROUP_RANK"]) == nodes.index(line["host"]), line
+    return lines

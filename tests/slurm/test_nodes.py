@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.slurm import cluster as slurm_cluster
-from tests.slurm.conftest import NODES, NPROC_PER_NODE, TRAIN, runnable_guide_script
-from tests.slurm.test_guide import check_every_rank
+from tests.slurm.conftest import (
+    NODES,
+    NPROC_PER_NODE,
+    TRAIN,
+    check_every_rank,
+    runnable_guide_script,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 

@@ -11,11 +11,11 @@ from tests.slurm.conftest import (
     NODES,
     NPROC_PER_NODE,
     TRAIN,
+    check_every_rank,
     guide_section_block,
     runnable_guide_script,
     train_lines,
 )
-from tests.slurm.test_guide import check_every_rank
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 

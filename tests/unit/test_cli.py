@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -29,38 +28,8 @@ from rallypoint.errors import (
     TFConfigError,
 )
 from rallypoint.settings import Settings
-
-#: Variables of the test process that would change what a provider detects.
-_CLUSTER_PREFIXES = ("RALLYPOINT_", "BACKENDAI_", "SLURM_", "PET_", "KUBERNETES_")
-_CLUSTER_KEYS = {
-    "MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "WORLD_SIZE", "RANK", "WORLD_RANK",
-    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TF_CONFIG", "JOB_COMPLETION_INDEX",
-    "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-}  # fmt: skip
-
-
-def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str | None]:
-    """A CliRunner env that unsets every cluster variable, then sets `extra`."""
-    env: dict[str, str | None] = {
-        key: None for key in os.environ if key.startswith(_CLUSTER_PREFIXES) or key in _CLUSTER_KEYS
-    }
-    env["HOSTNAME"] = "trainer"
-    env.update(extra or {})
-    return env
-
-
-def run(args: list[str], env: Mapping[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli.app, args, env=clean_env(env), catch_exceptions=False)
-
-
-@pytest.fixture(autouse=True)
-def _drop_cli_log_handler() -> Iterator[None]:
-    """The runner swaps sys.stderr; do not leave a handler on a closed stream behind."""
-    yield
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, logs.Handler)]:
-        root.removeHandler(handler)
-
+from tests.support.cli import run
+from tests.support.env import clean_env
 
 # --- derive for each provider, each format ------------------------------------------------
 

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 
-import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rallypoint import cli, logs
-from tests.unit.test_cli import clean_env
+from rallypoint import cli
+from tests.support.env import clean_env
 
 # Variables the providers, the derivation and the CLI read (RALLYPOINT_VERBOSE is left out:
 # it adds a traceback to errors on purpose).
@@ -43,14 +40,6 @@ _plausible = st.one_of(
     _text,
 )  # fmt: skip
 environments = st.dictionaries(st.sampled_from(KEYS), _plausible, max_size=10)
-
-
-@pytest.fixture(autouse=True)
-def _drop_cli_log_handler() -> Iterator[None]:
-    yield
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, logs.Handler)]:
-        root.removeHandler(handler)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

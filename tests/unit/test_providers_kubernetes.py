@@ -6,6 +6,7 @@ import pytest
 
 from rallypoint.errors import ClusterSpecError
 from rallypoint.providers import detect
+from tests.support.providers import assert_one_line_error
 
 Env = dict[str, str]
 
@@ -130,12 +131,7 @@ def test_every_pod_agrees_on_session_and_hosts() -> None:
     ],
 )
 def test_errors(environ: Env, fragments: list[str]) -> None:
-    with pytest.raises(ClusterSpecError) as info:
-        detect(environ)
-    message = str(info.value)
-    assert "\n" not in message
-    for fragment in fragments:
-        assert fragment in message, message
+    assert_one_line_error(environ, fragments)
 
 
 def test_forced_without_an_index_or_ordinal() -> None:

@@ -1,0 +1,1 @@
+"""Helpers shared across test tiers: plain modules that pytest never collects."""

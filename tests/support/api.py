@@ -1,0 +1,47 @@
+"""The OpenAPI document as a checker of answers, and the node and join body the API tests use."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import yaml  # type: ignore[import-untyped]
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient
+
+from rallypoint import wire
+from rallypoint.model import Member
+
+OPENAPI = yaml.safe_load(
+    (Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml").read_text()
+)
+SESSION = "sess-api"
+HOSTS = ("node0", "node1")
+Client = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+
+async def checked(resp: ClientResponse, method: str, path: str) -> bytes:
+    """The body, after checking status, content type and JSON body against the document."""
+    body = await resp.read()
+    operation = OPENAPI["paths"][path][method.lower()]
+    declared = operation["responses"].get(str(resp.status))
+    assert declared is not None, f"{method} {path} -> {resp.status} is not documented"
+    if "$ref" in declared:
+        declared = OPENAPI["components"]["responses"][declared["$ref"].rsplit("/", 1)[1]]
+    content = declared.get("content")
+    if not content:
+        assert not body, f"{method} {path} -> {resp.status} documents no body"
+        return body
+    media = resp.content_type
+    assert media in content, f"{method} {path} -> {resp.status}: {media} not documented"
+    schema = dict(content[media]["schema"], components=OPENAPI["components"])
+    value: object = json.loads(body) if media == "application/json" else body.decode()
+    jsonschema.validate(value, schema, cls=jsonschema.Draft202012Validator)
+    return body
+
+
+def join_body(session: str = SESSION, host: str = "node1") -> bytes:
+    return wire.encode_join(wire.JoinRequest(session, Member(1, host, ("127.0.0.2",), 2300)))
