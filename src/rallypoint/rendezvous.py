@@ -20,12 +20,12 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 
 from rallypoint import connectivity, probe, status, wire
 from rallypoint.auth import Authenticator
 from rallypoint.clustercheck import Transport, http_transport, local_transport
 from rallypoint.errors import JoinRejected
+from rallypoint.lifecycle import AsyncResource
 from rallypoint.master import Master
 from rallypoint.masterbook import MasterBook
 from rallypoint.metrics import Metrics
@@ -43,7 +43,7 @@ from rallypoint.worker import Worker
 log = logging.getLogger(__name__)
 
 
-class Rendezvous:
+class Rendezvous(AsyncResource):
     """One node's side of the rendezvous, its readiness and everything /status shows."""
 
     def __init__(
@@ -107,17 +107,9 @@ class Rendezvous:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def __aenter__(self) -> Rendezvous:
+    async def start(self) -> None:
+        """Open the HTTP client the roles share."""
         self._peer_client.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Cancel background work, close the windows and the HTTP client; closing twice is safe."""

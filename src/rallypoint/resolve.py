@@ -10,10 +10,10 @@ import socket
 import time
 from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from types import TracebackType
 from typing import Protocol
 
 from rallypoint import names
+from rallypoint.lifecycle import AsyncResource
 from rallypoint.names import Resolution, Verdict
 
 
@@ -25,7 +25,7 @@ class Resolver(Protocol):
         ...
 
 
-class SystemResolver:
+class SystemResolver(AsyncResource):
     """getaddrinfo on a bounded thread pool, so a slow name never stalls the event loop."""
 
     def __init__(self, workers: int = 16) -> None:
@@ -34,6 +34,9 @@ class SystemResolver:
         self._executor = ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="rallypoint-resolve"
         )
+
+    async def start(self) -> None:
+        """Nothing to acquire: the pool starts its threads on the first lookup."""
 
     async def lookup(self, host: str) -> list[str]:
         """The addresses getaddrinfo gives for ``host``, deduplicated, without scope ids."""
@@ -49,17 +52,6 @@ class SystemResolver:
     def close(self) -> None:
         """Stop the pool without waiting for lookups that hang; closing twice is safe."""
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-    async def __aenter__(self) -> SystemResolver:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 async def check(

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import errno
 import logging
-from types import TracebackType
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from rallypoint.errors import PortError
+from rallypoint.lifecycle import AsyncResource
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.server.common import log
 from rallypoint.server.local import local_app
@@ -65,7 +65,7 @@ def peer_keepalive_s(nnodes: int) -> float:
     return min(KEEPALIVE_S + KEEPALIVE_PER_NODE_S * max(nnodes, 0), KEEPALIVE_MAX_S)
 
 
-class Listeners:
+class Listeners(AsyncResource):
     """Both APIs bound with AppRunner + TCPSite; an async context manager, closing twice is safe."""
 
     def __init__(self, node: Rendezvous, settings: Settings) -> None:
@@ -75,22 +75,6 @@ class Listeners:
         self.local_bound: list[tuple[str, int]] = []
         self.peer_bound: list[tuple[str, int]] = []
         self._runners: list[web.AppRunner] = []
-
-    async def __aenter__(self) -> Listeners:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def start(self) -> None:
         """Bind the local API on every local host, then the peer API (starts the rendezvous)."""
