@@ -1,22 +1,25 @@
-"""Pure peer-message codec: join bodies, join answers, pokes and cluster documents.
+"""Pure peer-message codec: joins and their answers, pokes, cluster documents, reports, verdicts.
 
 Everything a peer sends is untrusted input. Each parser checks the size first, then the
 JSON shape, then every field, and returns a frozen value or raises PeerMessageError naming
-the field at fault; it never returns a half-validated value.
+the field at fault; it never returns a half-validated value. The rules for single fields are
+in wirefields.py.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rallypoint import names
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
+from rallypoint.wirefields import MAX_NODES, TOKEN, boolean, dump, integer, load, reasons, session
+
+# Part of this module's contract: the APIs apply the same rules to query strings and addresses.
+from rallypoint.wirefields import address as address
+from rallypoint.wirefields import generation as generation
+from rallypoint.wirefields import host_name as host_name
 
 #: Largest join or poke body accepted (a join carries at most MAX_ADDRESSES addresses).
 MAX_JOIN_BYTES = 16 * 1024
@@ -24,15 +27,6 @@ MAX_JOIN_BYTES = 16 * 1024
 MAX_DOC_BYTES = 8 * 1024 * 1024
 #: Largest number of addresses one node may report.
 MAX_ADDRESSES = 64
-#: Largest cluster a document may describe.
-MAX_NODES = 65536
-
-_TOKEN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-_SESSION = re.compile(r"[\x21-\x7e]{1,256}")
-# Dotted-quad IPv4 already in canonical form (no leading zeros): ipaddress would return it
-# unchanged, so the fast path skips it (it was a tenth of the master's CPU in a join herd).
-_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_CANONICAL_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +61,7 @@ class Poke:
 def encode_join(request: JoinRequest) -> bytes:
     """The JSON body of a join request."""
     member = request.member
-    return _dump(
+    return dump(
         {
             "session": request.session,
             "rank": member.rank,
@@ -83,10 +77,10 @@ def encode_join(request: JoinRequest) -> bytes:
 
 def parse_join(body: bytes) -> JoinRequest:
     """Validate a join body; PeerMessageError names the field at fault."""
-    data = _load(body, MAX_JOIN_BYTES, "join request")
+    data = load(body, MAX_JOIN_BYTES, "join request")
     seen = data.get("generation_seen")
     return JoinRequest(
-        session=_session(data.get("session"), "session"),
+        session=session(data.get("session"), "session"),
         member=_member(data, "join request"),
         generation_seen=None if seen is None else generation(seen, "generation_seen"),
     )
@@ -94,7 +88,7 @@ def parse_join(body: bytes) -> JoinRequest:
 
 def encode_join_answer(answer: JoinAnswer) -> bytes:
     """The JSON body of the master's join answer."""
-    return _dump(
+    return dump(
         {
             "session": answer.session,
             "epoch": answer.epoch,
@@ -107,35 +101,35 @@ def encode_join_answer(answer: JoinAnswer) -> bytes:
 
 def parse_join_answer(body: bytes) -> JoinAnswer:
     """Validate the master's join answer."""
-    data = _load(body, MAX_JOIN_BYTES, "join answer")
+    data = load(body, MAX_JOIN_BYTES, "join answer")
     gen = data.get("generation")
-    nnodes = _int(data.get("nnodes"), "nnodes", 1, MAX_NODES)
+    nnodes = integer(data.get("nnodes"), "nnodes", 1, MAX_NODES)
     return JoinAnswer(
-        session=_session(data.get("session"), "session"),
+        session=session(data.get("session"), "session"),
         epoch=generation(data.get("epoch"), "epoch"),
         generation=None if gen is None else generation(gen, "generation"),
-        joined=_int(data.get("joined"), "joined", 0, nnodes),
+        joined=integer(data.get("joined"), "joined", 0, nnodes),
         nnodes=nnodes,
     )
 
 
 def encode_poke(poke: Poke) -> bytes:
     """The JSON body of a poke."""
-    return _dump({"session": poke.session, "epoch": poke.epoch})
+    return dump({"session": poke.session, "epoch": poke.epoch})
 
 
 def parse_poke(body: bytes) -> Poke:
     """Validate a poke body."""
-    data = _load(body, MAX_JOIN_BYTES, "poke")
+    data = load(body, MAX_JOIN_BYTES, "poke")
     return Poke(
-        session=_session(data.get("session"), "session"),
+        session=session(data.get("session"), "session"),
         epoch=generation(data.get("epoch"), "epoch"),
     )
 
 
 def encode_cluster_doc(doc: ClusterDoc) -> bytes:
     """The JSON body of GET /v1/cluster."""
-    return _dump(
+    return dump(
         {
             "session": doc.session,
             "generation": doc.generation,
@@ -158,7 +152,7 @@ def encode_cluster_doc(doc: ClusterDoc) -> bytes:
 
 def parse_cluster_doc(body: bytes) -> ClusterDoc:
     """Validate a cluster document: ranks 0..N-1 in order, unique hosts, master is rank 0."""
-    data = _load(body, MAX_DOC_BYTES, "cluster document")
+    data = load(body, MAX_DOC_BYTES, "cluster document")
     raw_members = data.get("members")
     if not isinstance(raw_members, list) or not 1 <= len(raw_members) <= MAX_NODES:
         raise PeerMessageError(f"cluster document: members must be a list of 1-{MAX_NODES} nodes")
@@ -182,10 +176,10 @@ def parse_cluster_doc(body: bytes) -> ClusterDoc:
             f"{members[0].host!r}"
         )
     return ClusterDoc(
-        session=_session(data.get("session"), "session"),
+        session=session(data.get("session"), "session"),
         generation=generation(data.get("generation"), "generation"),
         master_host=master_host,
-        master_port=_int(data.get("master_port"), "master_port", 1, 65535),
+        master_port=integer(data.get("master_port"), "master_port", 1, 65535),
         members=tuple(members),
     )
 
@@ -198,7 +192,6 @@ MAX_FAILURES = 32
 MAX_PENDING = 64
 #: Largest report or verdict accepted.
 MAX_REPORT_BYTES = 64 * 1024
-_CODE = re.compile(r"[a-z_]{1,40}")
 _WINDOW_KINDS = frozenset({"master", "jax", "tf", "probe"})
 
 
@@ -245,7 +238,7 @@ class Verdict:
 
 def encode_report(report: Report) -> bytes:
     """The JSON body of POST /v1/report."""
-    return _dump(
+    return dump(
         {
             "session": report.session,
             "generation": report.generation,
@@ -262,7 +255,7 @@ def encode_report(report: Report) -> bytes:
 
 def parse_report(body: bytes) -> Report:
     """Validate a report body; PeerMessageError names the field at fault."""
-    data = _load(body, MAX_REPORT_BYTES, "report")
+    data = load(body, MAX_REPORT_BYTES, "report")
     busy = data.get("busy", [])
     if not isinstance(busy, list) or not all(
         isinstance(b, str) and b in _WINDOW_KINDS for b in busy
@@ -272,28 +265,30 @@ def parse_report(body: bytes) -> Report:
     if not isinstance(net, dict):
         raise PeerMessageError("report: net must be an object")
     ifname, mtu, rdma = net.get("ifname"), net.get("mtu"), net.get("rdma", False)
-    if ifname is not None and (not isinstance(ifname, str) or not _TOKEN.fullmatch(ifname)):
+    if ifname is not None and (not isinstance(ifname, str) or not TOKEN.fullmatch(ifname)):
         raise PeerMessageError("report: net.ifname must be an interface name")
     if not isinstance(rdma, bool):
         raise PeerMessageError("report: net.rdma must be true or false")
     return Report(
-        session=_session(data.get("session"), "session"),
+        session=session(data.get("session"), "session"),
         generation=generation(data.get("generation"), "generation"),
-        rank=_int(data.get("rank"), "rank", 0, MAX_NODES - 1),
+        rank=integer(data.get("rank"), "rank", 0, MAX_NODES - 1),
         host=host_name(data.get("host"), "host"),
-        passed=_bool(data.get("passed"), "passed"),
-        failures=_failures(data.get("failures", []), "report"),
+        passed=boolean(data.get("passed"), "passed"),
+        failures=reasons(data.get("failures", []), "report", MAX_FAILURES),
         busy=frozenset(busy),
         net=NetFacts(
-            ifname=ifname, mtu=None if mtu is None else _int(mtu, "net.mtu", 68, 1 << 20), rdma=rdma
+            ifname=ifname,
+            mtu=None if mtu is None else integer(mtu, "net.mtu", 68, 1 << 20),
+            rdma=rdma,
         ),
-        seen=_int(data.get("seen", -1), "seen", -1, 1 << 62),
+        seen=integer(data.get("seen", -1), "seen", -1, 1 << 62),
     )
 
 
 def encode_verdict(verdict: Verdict) -> bytes:
     """The JSON body of the master's answer to a report."""
-    return _dump(
+    return dump(
         {
             "session": verdict.session,
             "generation": verdict.generation,
@@ -310,7 +305,7 @@ def encode_verdict(verdict: Verdict) -> bytes:
 
 def parse_verdict(body: bytes) -> Verdict:
     """Validate the master's verdict."""
-    data = _load(body, MAX_REPORT_BYTES, "verdict")
+    data = load(body, MAX_REPORT_BYTES, "verdict")
     pending = data.get("pending", [])
     if not isinstance(pending, list) or len(pending) > MAX_PENDING:
         raise PeerMessageError(f"verdict: pending must be a list of at most {MAX_PENDING} ranks")
@@ -322,81 +317,16 @@ def parse_verdict(body: bytes) -> Verdict:
     ):
         raise PeerMessageError("verdict: warnings must be a short list of strings")
     return Verdict(
-        session=_session(data.get("session"), "session"),
+        session=session(data.get("session"), "session"),
         generation=generation(data.get("generation"), "generation"),
-        version=_int(data.get("version"), "version", 0, 1 << 62),
-        verified=_bool(data.get("verified"), "verified"),
-        pending=tuple(_int(r, "pending[]", 0, MAX_NODES - 1) for r in pending),
-        pending_count=_int(data.get("pending_count", 0), "pending_count", 0, MAX_NODES),
-        failures=_failures(data.get("failures", []), "verdict"),
-        failure_count=_int(data.get("failure_count", 0), "failure_count", 0, 1 << 62),
+        version=integer(data.get("version"), "version", 0, 1 << 62),
+        verified=boolean(data.get("verified"), "verified"),
+        pending=tuple(integer(r, "pending[]", 0, MAX_NODES - 1) for r in pending),
+        pending_count=integer(data.get("pending_count", 0), "pending_count", 0, MAX_NODES),
+        failures=reasons(data.get("failures", []), "verdict", MAX_FAILURES),
+        failure_count=integer(data.get("failure_count", 0), "failure_count", 0, 1 << 62),
         warnings=tuple(warnings),
     )
-
-
-def _failures(value: object, where: str) -> tuple[Reason, ...]:
-    if not isinstance(value, list) or len(value) > MAX_FAILURES:
-        raise PeerMessageError(f"{where}: failures must be a list of at most {MAX_FAILURES}")
-    out = []
-    for index, raw in enumerate(value):
-        name = f"{where}: failures[{index}]"
-        if not isinstance(raw, dict):
-            raise PeerMessageError(f"{name} is not an object")
-        code, message = raw.get("code"), raw.get("message")
-        if not isinstance(code, str) or not _CODE.fullmatch(code):
-            raise PeerMessageError(f"{name}.code must be a reason code")
-        if not isinstance(message, str) or not 0 < len(message) <= 1000:
-            raise PeerMessageError(f"{name}.message must be a string of 1-1000 characters")
-        host, detail, ranks = raw.get("host"), raw.get("detail"), raw.get("ranks", [])
-        if detail is not None and (not isinstance(detail, str) or len(detail) > 1000):
-            raise PeerMessageError(f"{name}.detail must be a string of at most 1000 characters")
-        if not isinstance(ranks, list) or len(ranks) > 2:
-            raise PeerMessageError(f"{name}.ranks must list at most two ranks")
-        out.append(
-            Reason(
-                code=code,
-                message=message,
-                host=None if host is None else host_name(host, f"{name}.host"),
-                detail=detail,
-                ranks=tuple(_int(r, f"{name}.ranks[]", 0, MAX_NODES - 1) for r in ranks),
-            )
-        )
-    return tuple(out)
-
-
-def _bool(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise PeerMessageError(f"{name} must be true or false")
-    return value
-
-
-def generation(value: object, name: str = "after") -> str:
-    """A generation or epoch token: 1-64 characters of [A-Za-z0-9._:-]."""
-    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
-        raise PeerMessageError(f"{name} must be 1-64 characters of A-Z a-z 0-9 . _ : -")
-    return value
-
-
-def host_name(value: object, name: str = "host") -> str:
-    """A host name or a canonical IP literal, by names.host_problem's lenient rule for peers."""
-    if isinstance(value, str) and names.host_problem(value, ip=True, lenient=True) is None:
-        try:
-            return str(ipaddress.ip_address(value))
-        except ValueError:
-            return value
-    raise PeerMessageError(f"{name} must be a host name or an IP address, got {value!r:.80}")
-
-
-def address(value: object, name: str = "address") -> str:
-    """An IPv4 or IPv6 address in canonical form (so expected/actual compare as strings)."""
-    if isinstance(value, str):
-        if _CANONICAL_IPV4.fullmatch(value):
-            return value
-        try:
-            return str(ipaddress.ip_address(value))
-        except ValueError:
-            pass
-    raise PeerMessageError(f"{name} must be an IP address, got {value!r:.80}")
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
@@ -425,41 +355,12 @@ def _member(data: Mapping[str, object], where: str) -> Member:
     jax_port = data.get("jax_port")
     probe_port = data.get("probe_port")
     return Member(
-        rank=_int(data.get("rank"), f"{where}: rank", 0, MAX_NODES - 1),
+        rank=integer(data.get("rank"), f"{where}: rank", 0, MAX_NODES - 1),
         host=host_name(data.get("host"), f"{where}: host"),
         addresses=tuple(dict.fromkeys(addresses)),
-        tf_port=None if tf_port is None else _int(tf_port, f"{where}: tf_port", 1, 65535),
-        jax_port=None if jax_port is None else _int(jax_port, f"{where}: jax_port", 1, 65535),
+        tf_port=None if tf_port is None else integer(tf_port, f"{where}: tf_port", 1, 65535),
+        jax_port=None if jax_port is None else integer(jax_port, f"{where}: jax_port", 1, 65535),
         probe_port=None
         if probe_port is None
-        else _int(probe_port, f"{where}: probe_port", 1, 65535),
+        else integer(probe_port, f"{where}: probe_port", 1, 65535),
     )
-
-
-def _session(value: object, name: str) -> str:
-    if not isinstance(value, str) or not _SESSION.fullmatch(value):
-        raise PeerMessageError(f"{name} must be 1-256 printable ASCII characters")
-    return value
-
-
-def _int(value: object, name: str, low: int, high: int) -> int:
-    # bool is an int subclass; true is not a rank.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise PeerMessageError(f"{name} must be an integer in {low}-{high}, got {value!r:.40}")
-    return value
-
-
-def _load(body: bytes, limit: int, what: str) -> dict[str, object]:
-    if len(body) > limit:
-        raise PeerMessageError(f"{what}: {len(body)} bytes is over the limit of {limit}")
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise PeerMessageError(f"{what}: not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise PeerMessageError(f"{what}: expected a JSON object")
-    return data
-
-
-def _dump(data: Mapping[str, object]) -> bytes:
-    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()

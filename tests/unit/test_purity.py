@@ -20,6 +20,7 @@ PURE = [
     "rallypoint.tfconfig",
     "rallypoint.render",
     "rallypoint.wire",
+    "rallypoint.wirefields",
     "rallypoint.mdns.txt",
     "rallypoint.mdns.ranks",
     "rallypoint.lifecycle",
