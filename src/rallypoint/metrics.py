@@ -20,61 +20,51 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+
+        # Full metric names stay spelled out, so a dashboard's name greps to its definition.
+        def counter(name: str, description: str, *labels: str) -> Counter:
+            return Counter(name, description, labels, registry=r)
+
         self.ready = Gauge("rallypoint_ready", "1 when /env serves, else 0", registry=r)
-        self.ready_transitions = Counter(
-            "rallypoint_ready_transitions", "Readiness changes, by new state", ["to"], registry=r
+        self.ready_transitions = counter(
+            "rallypoint_ready_transitions", "Readiness changes, by new state", "to"
         )
-        self.generation_changes = Counter(
-            "rallypoint_generation_changes",
-            "Cluster documents with a new generation acted on",
-            registry=r,
+        self.generation_changes = counter(
+            "rallypoint_generation_changes", "Cluster documents with a new generation acted on"
         )
-        self.joins = Counter(
-            "rallypoint_joins", "Join requests answered (master), by result", ["result"], registry=r
+        self.joins = counter(
+            "rallypoint_joins", "Join requests answered (master), by result", "result"
         )
-        self.join_attempts = Counter(
-            "rallypoint_join_attempts",
-            "Join attempts made (worker), by result",
-            ["result"],
-            registry=r,
+        self.join_attempts = counter(
+            "rallypoint_join_attempts", "Join attempts made (worker), by result", "result"
         )
-        self.auth_failures = Counter(
-            "rallypoint_auth_failures",
-            "Peer messages rejected by authentication",
-            ["reason"],
-            registry=r,
+        self.auth_failures = counter(
+            "rallypoint_auth_failures", "Peer messages rejected by authentication", "reason"
         )
-        self.resolutions = Counter(
-            "rallypoint_resolutions", "Host name resolutions, by verdict", ["verdict"], registry=r
+        self.resolutions = counter(
+            "rallypoint_resolutions", "Host name resolutions, by verdict", "verdict"
         )
-        self.requests = Counter(
-            "rallypoint_http_requests",
-            "HTTP requests served",
-            ["api", "route", "status"],
-            registry=r,
+        self.requests = counter(
+            "rallypoint_http_requests", "HTTP requests served", "api", "route", "status"
         )
-        self.pokes_received = Counter(
-            "rallypoint_pokes_received", "Pokes accepted from the master", registry=r
+        self.pokes_received = counter("rallypoint_pokes_received", "Pokes accepted from the master")
+        self.pokes_sent = counter(
+            "rallypoint_pokes_sent", "Pokes sent to workers, by result", "result"
         )
-        self.pokes_sent = Counter(
-            "rallypoint_pokes_sent", "Pokes sent to workers, by result", ["result"], registry=r
-        )
-        self.mdns_wakeups = Counter(
+        self.mdns_wakeups = counter(
             "rallypoint_mdns_wakeups",
             "Join backoffs cut short because mDNS showed the master start or change generation",
-            registry=r,
         )
-        self.probes_sent = Counter(
+        self.probes_sent = counter(
             "rallypoint_probes_sent",
             "Connection probes made to peers' ports, by kind and cause (ok, timeout ...)",
-            ["kind", "cause"],
-            registry=r,
+            "kind",
+            "cause",
         )
-        self.probes_answered = Counter(
+        self.probes_answered = counter(
             "rallypoint_probes_answered",
             "Connections to this node's probe windows, by result (answered, garbage ...)",
-            ["result"],
-            registry=r,
+            "result",
         )
         self._request_children: dict[tuple[str, str, int], Counter] = {}
         #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).
