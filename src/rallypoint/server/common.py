@@ -22,6 +22,16 @@ NO_STORE = {"Cache-Control": "no-store"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def api_app(
+    node: Rendezvous, api: str, max_bytes: int, routes: list[web.RouteDef]
+) -> web.Application:
+    """One API's application: its body limit, the shared middleware, the node and its routes."""
+    app = web.Application(client_max_size=max_bytes, middlewares=[observe(api)])
+    app[NODE] = node
+    app.add_routes(routes)
+    return app
+
+
 def error_response(status: int, message: str, code: str | None = None) -> web.Response:
     """A one-line JSON error: {"error": message[, "code": code]}."""
     body: dict[str, str] = {"error": message}

@@ -12,7 +12,7 @@ from rallypoint.metrics import CONTENT_TYPE
 from rallypoint.model import Env
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous import Rendezvous
-from rallypoint.server.common import NO_STORE, NODE, error_response, observe, single_query
+from rallypoint.server.common import NO_STORE, NODE, api_app, error_response, single_query
 
 #: Requests to the local API carry no body.
 LOCAL_MAX_BYTES = 1024
@@ -22,15 +22,19 @@ MAX_WAIT_S = 300.0
 
 def local_app(node: Rendezvous) -> web.Application:
     """The local API: /env, /hostfile, /readyz, /livez, /status, /metrics."""
-    app = web.Application(client_max_size=LOCAL_MAX_BYTES, middlewares=[observe("local")])
-    app[NODE] = node
-    app.router.add_get("/env", _env)
-    app.router.add_get("/hostfile", _hostfile)
-    app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/livez", _livez)
-    app.router.add_get("/status", _status)
-    app.router.add_get("/metrics", _metrics)
-    return app
+    return api_app(
+        node,
+        "local",
+        LOCAL_MAX_BYTES,
+        [
+            web.get("/env", _env),
+            web.get("/hostfile", _hostfile),
+            web.get("/readyz", _readyz),
+            web.get("/livez", _livez),
+            web.get("/status", _status),
+            web.get("/metrics", _metrics),
+        ],
+    )
 
 
 def _not_ready(reasons: list[Reason]) -> web.Response:

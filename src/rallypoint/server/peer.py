@@ -12,7 +12,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 from rallypoint import wire
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous import Rendezvous
-from rallypoint.server.common import NO_STORE, NODE, json_line, log, observe, single_query
+from rallypoint.server.common import (
+    NO_STORE,
+    NODE,
+    api_app,
+    json_line,
+    log,
+    single_query,
+)
 
 TASK = web.AppKey("rendezvous_task", asyncio.Task[None])
 
@@ -24,13 +31,18 @@ BODY_TIMEOUT_S = 5.0
 
 def peer_app(node: Rendezvous, *, run_rendezvous: bool = True) -> web.Application:
     """The peer API; with ``run_rendezvous`` the state machine runs as its background task."""
-    app = web.Application(client_max_size=PEER_MAX_BYTES, middlewares=[observe("peer")])
-    app[NODE] = node
-    app.router.add_post("/v1/join", _join)
-    app.router.add_get("/v1/cluster", _cluster)
-    app.router.add_get("/v1/ready", _ready)
-    app.router.add_post("/v1/poke", _poke)
-    app.router.add_post("/v1/report", _report)
+    app = api_app(
+        node,
+        "peer",
+        PEER_MAX_BYTES,
+        [
+            web.post("/v1/join", _join),
+            web.get("/v1/cluster", _cluster),
+            web.get("/v1/ready", _ready),
+            web.post("/v1/poke", _poke),
+            web.post("/v1/report", _report),
+        ],
+    )
     if run_rendezvous:
         app.cleanup_ctx.append(_rendezvous_task)
     return app
