@@ -20,6 +20,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from rallypoint import connectivity, probe, status, wire
 from rallypoint.auth import Authenticator
@@ -42,9 +43,57 @@ from rallypoint.worker import Worker
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _ReadinessAttribute(Generic[T]):
+    """A Rendezvous attribute that is its Readiness's attribute of the same name."""
+
+    def __set_name__(self, owner: type[object], name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, node: None, owner: type[object]) -> _ReadinessAttribute[T]: ...
+    @overload
+    def __get__(self, node: Rendezvous, owner: type[object]) -> T: ...
+    def __get__(self, node: Rendezvous | None, owner: type[object]) -> T | _ReadinessAttribute[T]:
+        if node is None:
+            return self
+        value: T = getattr(node.readiness, self._name)
+        return value
+
+    def __set__(self, node: Rendezvous, value: T) -> None:
+        setattr(node.readiness, self._name, value)
+
+
+def _readiness_method(
+    method: Callable[Concatenate[Readiness, P], R],
+) -> Callable[Concatenate[Rendezvous, P], R]:
+    """A Rendezvous method that calls its Readiness's method of the same signature."""
+
+    def call(node: Rendezvous, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return method(node.readiness, *args, **kwargs)
+
+    call.__doc__ = method.__doc__
+    return call
+
 
 class Rendezvous(AsyncResource):
     """One node's side of the rendezvous, its readiness and everything /status shows."""
+
+    # What the APIs, the join loop and the demo read and set of the node's readiness, under
+    # the names they have always used; readiness.py documents each.
+    ready: _ReadinessAttribute[bool] = _ReadinessAttribute()
+    env: _ReadinessAttribute[Env | None] = _ReadinessAttribute()
+    master_problem: _ReadinessAttribute[Reason | None] = _ReadinessAttribute()
+    static_warnings: _ReadinessAttribute[list[str]] = _ReadinessAttribute()
+    ready_after_s: _ReadinessAttribute[float | None] = _ReadinessAttribute()
+    reasons = _readiness_method(Readiness.reasons)
+    warnings = _readiness_method(Readiness.warnings)
+    wait_ready = _readiness_method(Readiness.wait_ready)
+    not_ready = _readiness_method(Readiness.not_ready)
 
     def __init__(
         self,
@@ -253,14 +302,6 @@ class Rendezvous(AsyncResource):
     # -- readiness (what the APIs serve) ---------------------------------------------------
 
     @property
-    def ready(self) -> bool:
-        return self.readiness.ready
-
-    @property
-    def env(self) -> Env | None:
-        return self.readiness.env
-
-    @property
     def doc(self) -> ClusterDoc | None:
         return None if self.verification is None else self.verification.doc
 
@@ -268,39 +309,6 @@ class Rendezvous(AsyncResource):
     def generation(self) -> str | None:
         doc = self.doc
         return None if doc is None else doc.generation
-
-    @property
-    def master_problem(self) -> Reason | None:
-        return self.readiness.master_problem
-
-    @master_problem.setter
-    def master_problem(self, problem: Reason | None) -> None:
-        self.readiness.master_problem = problem
-
-    @property
-    def static_warnings(self) -> list[str]:
-        """Warnings fixed at start (no token ...): append to show one in /status."""
-        return self.readiness.static_warnings
-
-    @property
-    def ready_after_s(self) -> float | None:
-        """Seconds from start to the first ready, None before."""
-        return self.readiness.ready_after_s
-
-    def reasons(self) -> list[Reason]:
-        """Why the node is not ready (empty when ready)."""
-        return self.readiness.reasons()
-
-    def warnings(self) -> list[str]:
-        return self.readiness.warnings()
-
-    async def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until ready, shutting down or ``timeout_s`` passed; whether the node is ready."""
-        return await self.readiness.wait_ready(timeout_s)
-
-    def not_ready(self, *reasons: Reason) -> None:
-        """Turn (or stay) not ready for ``reasons``; ignored once shutting down."""
-        self.readiness.not_ready(*reasons)
 
     def accept(self, doc: ClusterDoc) -> None:
         """Act on the master's new cluster document: not ready until it is verified."""
