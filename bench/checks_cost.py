@@ -12,16 +12,9 @@ still collected), interleaved so that both see the same machine load.
 from __future__ import annotations
 
 import statistics
-import sys
-import tempfile
-from pathlib import Path
 
 import common
-
-sys.path.insert(0, str(common.REPO))
-from tests.multihost import harness
-
-from time_to_ready import TOKEN, one_run
+from time_to_ready import each_cluster, one_run
 
 VARIANTS = {"checks": (), "no_probe": ("--no-probe",)}
 
@@ -34,37 +27,30 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.sizes, args.runs = [8], 2
-    reason = harness.prerequisites()
-    if reason is not None:
-        raise SystemExit(f"checks-cost benchmark needs network namespaces: {reason}")
-    harness.sweep_stale()
     table = []
-    for n in args.sizes:
-        hosts = ["main1", *(f"sub{i}" for i in range(1, n))]
-        workdir = Path(tempfile.mkdtemp(prefix="rp-cost-"))
-        with harness.Cluster(hosts, workdir, sidecar_env={"RALLYPOINT_TOKEN": TOKEN}) as cluster:
-            for scenario in ("master_last", "worker_last"):
-                samples: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS}
-                for i in range(args.runs):
-                    for variant, extra in VARIANTS.items():
-                        run = one_run(cluster, scenario, args.wait, extra)
-                        for key in ("rallypoint_from_spawn", "rallypoint_from_livez"):
-                            samples[variant].setdefault(key, []).append(run[key])
-                        print(
-                            f"N={n:2d} {scenario:11s} run {i:2d} {variant:8s}: "
-                            f"from livez {run['rallypoint_from_livez'] * 1000:6.0f} ms, "
-                            f"from spawn {run['rallypoint_from_spawn'] * 1000:6.0f} ms",
-                            flush=True,
-                        )
-                row: dict[str, object] = {"nnodes": n, "scenario": scenario, "runs": args.runs}
-                for variant, by_key in samples.items():
-                    for key, values in by_key.items():
-                        row[f"{variant}_{key}"] = common.summary(values, 1000)
-                added = statistics.median(
-                    samples["checks"]["rallypoint_from_livez"]
-                ) - statistics.median(samples["no_probe"]["rallypoint_from_livez"])
-                row["checks_add_from_livez_p50_ms"] = round(added * 1000, 1)
-                table.append(row)
+    for n, cluster in each_cluster(args.sizes, "checks-cost", "rp-cost-"):
+        for scenario in ("master_last", "worker_last"):
+            samples: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS}
+            for i in range(args.runs):
+                for variant, extra in VARIANTS.items():
+                    run = one_run(cluster, scenario, args.wait, extra)
+                    for key in ("rallypoint_from_spawn", "rallypoint_from_livez"):
+                        samples[variant].setdefault(key, []).append(run[key])
+                    print(
+                        f"N={n:2d} {scenario:11s} run {i:2d} {variant:8s}: "
+                        f"from livez {run['rallypoint_from_livez'] * 1000:6.0f} ms, "
+                        f"from spawn {run['rallypoint_from_spawn'] * 1000:6.0f} ms",
+                        flush=True,
+                    )
+            row: dict[str, object] = {"nnodes": n, "scenario": scenario, "runs": args.runs}
+            for variant, by_key in samples.items():
+                for key, values in by_key.items():
+                    row[f"{variant}_{key}"] = common.summary(values, 1000)
+            added = statistics.median(
+                samples["checks"]["rallypoint_from_livez"]
+            ) - statistics.median(samples["no_probe"]["rallypoint_from_livez"])
+            row["checks_add_from_livez_p50_ms"] = round(added * 1000, 1)
+            table.append(row)
     print(f"\n{'N':>3} {'scenario':11s} {'checks p50':>10} {'no-probe p50':>12} {'added':>7}")
     for row in table:
         with_checks = row["checks_rallypoint_from_livez"]["p50"]  # type: ignore[index]
@@ -73,26 +59,21 @@ def main() -> None:
             f"{row['nnodes']:3d} {row['scenario']:11s} {with_checks:10.0f} {without:12.0f} "
             f"{row['checks_add_from_livez_p50_ms']:7.1f}"
         )
-    targets = {}
-    for row in table:
-        if row["nnodes"] == 8:
-            value = row["checks_add_from_livez_p50_ms"]
-            targets[f"n8_{row['scenario']}_added_p50_ms"] = {
-                "value": value,
-                "target": "<= 20",
-                "verdict": common.verdict(float(value) <= 20),  # type: ignore[arg-type]
-            }
-    for name, t in targets.items():
-        print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict']}")
-    command = (
-        "python bench/checks_cost.py --quick"
-        if args.quick
-        else f"python bench/checks_cost.py --sizes {' '.join(map(str, args.sizes))} "
-        f"--runs {args.runs} --wait {args.wait:g}"
-    )
-    common.write_summary(
-        "checks_cost" if not args.quick else "checks_cost-quick",
-        {"command": command, "table": table, "targets": targets},
+    targets = {
+        f"n8_{row['scenario']}_added_p50_ms": common.target(
+            row["checks_add_from_livez_p50_ms"],
+            "<= 20",
+            float(row["checks_add_from_livez_p50_ms"]) <= 20,  # type: ignore[arg-type]
+        )
+        for row in table
+        if row["nnodes"] == 8
+    }
+    common.print_targets(targets)
+    common.write_run_summary(
+        "checks_cost",
+        args,
+        f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs} --wait {args.wait:g}",
+        {"table": table, "targets": targets},
     )
 
 

@@ -223,3 +223,25 @@ def save_figure(fig: Any, name: str) -> None:
 
 def verdict(met: bool) -> str:
     return "met" if met else "MISSED"
+
+
+def target(value: Any, want: str, met: bool) -> dict[str, Any]:
+    """One target in a summary: the figure, what it should be (e.g. "<= 50") and met/MISSED."""
+    return {"value": value, "target": want, "verdict": verdict(met)}
+
+
+def print_targets(targets: Mapping[str, Mapping[str, Any]]) -> None:
+    """One `target NAME: VALUE (want WANT): met|MISSED` line per target."""
+    for name, t in targets.items():
+        print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict']}")
+
+
+def write_run_summary(
+    name: str, args: argparse.Namespace, options: str, data: Mapping[str, Any]
+) -> Path:
+    """Write <name>.json, or <name>-quick.json for --quick, with the command that made it.
+
+    ``options`` are the flags a full run was given (ignored with --quick).
+    """
+    command = f"python bench/{name}.py " + ("--quick" if args.quick else options)
+    return write_summary(f"{name}-quick" if args.quick else name, {"command": command, **data})

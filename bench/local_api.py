@@ -117,16 +117,8 @@ def main() -> None:
         table.append(row)
     top = table[-1]
     targets = {
-        "ratio_at_64": {
-            "value": top["ratio"],
-            "target": ">= 0.8",
-            "verdict": common.verdict(top["ratio"] >= 0.8),
-        },
-        "p99_ms_at_64": {
-            "value": top["sidecar_p99_ms"],
-            "target": "< 5",
-            "verdict": common.verdict(top["sidecar_p99_ms"] < 5.0),
-        },
+        "ratio_at_64": common.target(top["ratio"], ">= 0.8", top["ratio"] >= 0.8),
+        "p99_ms_at_64": common.target(top["sidecar_p99_ms"], "< 5", top["sidecar_p99_ms"] < 5.0),
     }
     print(
         f"\n{'conns':>5} {'sidecar rps':>12} {'p99 ms':>7} {'bare rps':>9} {'p99 ms':>7} "
@@ -137,8 +129,7 @@ def main() -> None:
             f"{row['connections']:5d} {row['sidecar_rps']:12d} {row['sidecar_p99_ms']:7.2f} "
             f"{row['bare_rps']:9d} {row['bare_p99_ms']:7.2f} {row['ratio']:6.2f}"
         )
-    for name, t in targets.items():
-        print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict']}")
+    common.print_targets(targets)
     common.write_summary(
         "local_api",
         {
@@ -160,27 +151,22 @@ def plot(table: list[dict[str, float]]) -> None:
     xs = range(len(table))
     labels = [str(row["connections"]) for row in table]
     w = 0.38
-    ax1.bar([x - w / 2 for x in xs], [r["sidecar_rps"] for r in table], w, label="rallypoint /env")
-    ax1.bar([x + w / 2 for x in xs], [r["bare_rps"] for r in table], w, label="bare aiohttp")
-    ax1.set(
-        xticks=list(xs),
-        xticklabels=labels,
-        xlabel="keep-alive connections",
-        ylabel="requests / s",
-        title="/env throughput (median of rounds)",
-    )
-    ax1.legend()
-    ax2.bar([x - w / 2 for x in xs], [r["sidecar_p99_ms"] for r in table], w, label="rallypoint")
-    ax2.bar([x + w / 2 for x in xs], [r["bare_p99_ms"] for r in table], w, label="bare aiohttp")
-    ax2.axhline(5.0, color="grey", ls="--", lw=1, label="target 5 ms")
-    ax2.set(
-        xticks=list(xs),
-        xticklabels=labels,
-        xlabel="keep-alive connections",
-        ylabel="p99 latency (ms)",
-        title="/env p99 latency",
-    )
-    ax2.legend()
+    for ax, key, ours, ylabel, title in (
+        (ax1, "rps", "rallypoint /env", "requests / s", "/env throughput (median of rounds)"),
+        (ax2, "p99_ms", "rallypoint", "p99 latency (ms)", "/env p99 latency"),
+    ):
+        ax.bar([x - w / 2 for x in xs], [r[f"sidecar_{key}"] for r in table], w, label=ours)
+        ax.bar([x + w / 2 for x in xs], [r[f"bare_{key}"] for r in table], w, label="bare aiohttp")
+        if key == "p99_ms":
+            ax.axhline(5.0, color="grey", ls="--", lw=1, label="target 5 ms")
+        ax.set(
+            xticks=list(xs),
+            xticklabels=labels,
+            xlabel="keep-alive connections",
+            ylabel=ylabel,
+            title=title,
+        )
+        ax.legend()
     common.save_figure(fig, "local_api")
 
 

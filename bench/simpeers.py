@@ -106,12 +106,16 @@ async def worker(
     except (OSError, TimeoutError) as exc:
         out["join_errors"].append(f"connect: {type(exc).__name__}")
         return
+
+    async def post(path: str, body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        headers = {"Content-Type": "application/json", **auth.sign(f"POST {path}", body)}
+        return await asyncio.wait_for(
+            http(reader, writer, "POST", path, headers, body), args.timeout
+        )
+
     phase = "join_errors"
     try:
-        headers = {"Content-Type": "application/json", **auth.sign("POST /v1/join", body)}
-        status, _, _ = await asyncio.wait_for(
-            http(reader, writer, "POST", "/v1/join", headers, body), args.timeout
-        )
+        status, _, _ = await post("/v1/join", body)
         if status != 200:
             out["join_errors"].append(f"http {status}")
             return
@@ -138,11 +142,7 @@ async def worker(
         seen = -1
         while True:
             report = wire.Report(args.session, generation, rank, member.host, True, seen=seen)
-            body = wire.encode_report(report)
-            headers = {"Content-Type": "application/json", **auth.sign("POST /v1/report", body)}
-            status, answer_body, _ = await asyncio.wait_for(
-                http(reader, writer, "POST", "/v1/report", headers, body), args.timeout
-            )
+            status, answer_body, _ = await post("/v1/report", wire.encode_report(report))
             if status != 200:
                 out["report_errors"].append(f"http {status}")
                 return

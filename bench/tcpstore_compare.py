@@ -329,34 +329,17 @@ def main() -> None:
                     flush=True,
                 )
 
-        def med(runs: list[dict[str, Any]], key: str) -> float:
-            return round(statistics.median(r[key] for r in runs), 3)
-
         row = {
             "workers": n,
             "runs": runs,
             "rallypoint": {
-                "converge_s_p50": med(rp_runs, "converge_s"),
-                "last_doc_s_p50": med(rp_runs, "last_doc_s"),
-                "server_cpu_s_p50": med(rp_runs, "server_cpu_s"),
-                "server_hwm_mb_max": round(max(r["server_hwm_mb"] for r in rp_runs), 1),
-                "server_growth_mb_max": round(
-                    max(r["server_hwm_mb"] - r["server_rss_before_mb"] for r in rp_runs), 1
-                ),
-                "sim_cpu_s_p50": med(rp_runs, "sim_cpu_s"),
-                "failures": sum(not r["complete_identical"] for r in rp_runs),
+                **_side(rp_runs),
+                "last_doc_s_p50": _median(rp_runs, "last_doc_s"),
             },
             "tcpstore": {
-                "converge_s_p50": med(st_runs, "converge_s"),
-                "server_cpu_s_p50": med(st_runs, "server_cpu_s"),
-                "server_hwm_mb_max": round(max(r["server_hwm_mb"] for r in st_runs), 1),
-                "server_growth_mb_max": round(
-                    max(r["server_hwm_mb"] - r["server_rss_before_mb"] for r in st_runs), 1
-                ),
-                "sim_cpu_s_p50": med(st_runs, "sim_cpu_s"),
+                **_side(st_runs),
                 "facts_kib": st_runs[0]["facts_kib"],
                 "phase_s_last_run": st_runs[-1]["phase_s"],
-                "failures": sum(not r["complete_identical"] for r in st_runs),
             },
         }
         rp, st = row["rallypoint"], row["tcpstore"]
@@ -385,19 +368,34 @@ def main() -> None:
                 f"{r['sim_cpu_s_p50']:9.2f} {r['failures']:8d}"
             )
         print(f"{'':6} {'ratio':>10} {row['ratio_rallypoint_over_tcpstore']}")
-    command = "python bench/tcpstore_compare.py" + (
-        " --quick"
-        if args.quick
-        else f" --sizes {' '.join(map(str, args.sizes))} --runs {args.runs}"
+    common.write_run_summary(
+        "tcpstore_compare",
+        args,
+        f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs}"
         f"{'' if args.big_runs is None else f' --big-runs {args.big_runs}'}"
-        f" --procs {args.procs} --timeout {args.timeout:g}"
-    )
-    common.write_summary(
-        "tcpstore_compare" if not args.quick else "tcpstore_compare-quick",
-        {"command": command, "load": os.getloadavg(), "table": table},
+        f" --procs {args.procs} --timeout {args.timeout:g}",
+        {"load": os.getloadavg(), "table": table},
     )
     if not args.no_plot:
         plot(table)
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return round(statistics.median(r[key] for r in runs), 3)
+
+
+def _side(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures both sides report, over one size's runs."""
+    return {
+        "converge_s_p50": _median(runs, "converge_s"),
+        "server_cpu_s_p50": _median(runs, "server_cpu_s"),
+        "server_hwm_mb_max": round(max(r["server_hwm_mb"] for r in runs), 1),
+        "server_growth_mb_max": round(
+            max(r["server_hwm_mb"] - r["server_rss_before_mb"] for r in runs), 1
+        ),
+        "sim_cpu_s_p50": _median(runs, "sim_cpu_s"),
+        "failures": sum(not r["complete_identical"] for r in runs),
+    }
 
 
 def plot(table: list[dict[str, Any]]) -> None:

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import common
@@ -132,6 +133,24 @@ def one_run(
     }
 
 
+def each_cluster(
+    sizes: list[int], benchmark: str, prefix: str
+) -> Iterator[tuple[int, harness.Cluster]]:
+    """A namespace cluster of each size (main1, sub1 ...) with a session token, torn down after.
+
+    Exits saying why when network namespaces are unavailable.
+    """
+    reason = harness.prerequisites()
+    if reason is not None:
+        raise SystemExit(f"{benchmark} benchmark needs network namespaces: {reason}")
+    harness.sweep_stale()
+    for n in sizes:
+        hosts = ["main1", *(f"sub{i}" for i in range(1, n))]
+        workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        with harness.Cluster(hosts, workdir, sidecar_env={"RALLYPOINT_TOKEN": TOKEN}) as cluster:
+            yield n, cluster
+
+
 def main() -> None:
     p = common.parser(__doc__)
     p.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -140,37 +159,28 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.sizes, args.runs, args.wait = [2, 4], 2, 3.0
-    reason = harness.prerequisites()
-    if reason is not None:
-        raise SystemExit(f"time-to-ready benchmark needs network namespaces: {reason}")
-    harness.sweep_stale()
     table = []
-    for n in args.sizes:
-        hosts = ["main1", *(f"sub{i}" for i in range(1, n))]
-        workdir = Path(tempfile.mkdtemp(prefix="rp-ttr-"))
-        with harness.Cluster(hosts, workdir, sidecar_env={"RALLYPOINT_TOKEN": TOKEN}) as cluster:
-            for scenario in ("master_last", "worker_last"):
-                samples: dict[str, list[float]] = {}
-                for i in range(args.runs):
-                    run = one_run(cluster, scenario, args.wait)
-                    for key, value in run.items():
-                        samples.setdefault(key, []).append(value)
-                    print(
-                        f"N={n:2d} {scenario:11s} run {i:2d}: "
-                        + ", ".join(f"{k} {v * 1000:7.0f} ms" for k, v in run.items()),
-                        flush=True,
-                    )
-                row: dict[str, object] = {"nnodes": n, "scenario": scenario, "runs": args.runs}
-                for key, values in samples.items():
-                    row[key] = common.summary(values, 1000)
-                rp = statistics.median(samples["rallypoint_from_spawn"])
-                row["kubeflow_over_rallypoint"] = round(
-                    statistics.median(samples["kubeflow"]) / rp, 2
+    for n, cluster in each_cluster(args.sizes, "time-to-ready", "rp-ttr-"):
+        for scenario in ("master_last", "worker_last"):
+            samples: dict[str, list[float]] = {}
+            for i in range(args.runs):
+                run = one_run(cluster, scenario, args.wait)
+                for key, value in run.items():
+                    samples.setdefault(key, []).append(value)
+                print(
+                    f"N={n:2d} {scenario:11s} run {i:2d}: "
+                    + ", ".join(f"{k} {v * 1000:7.0f} ms" for k, v in run.items()),
+                    flush=True,
                 )
-                row["sagemaker_over_rallypoint"] = round(
-                    statistics.median(samples["sagemaker"]) / rp, 2
-                )
-                table.append(row)
+            row: dict[str, object] = {"nnodes": n, "scenario": scenario, "runs": args.runs}
+            for key, values in samples.items():
+                row[key] = common.summary(values, 1000)
+            rp = statistics.median(samples["rallypoint_from_spawn"])
+            row["kubeflow_over_rallypoint"] = round(statistics.median(samples["kubeflow"]) / rp, 2)
+            row["sagemaker_over_rallypoint"] = round(
+                statistics.median(samples["sagemaker"]) / rp, 2
+            )
+            table.append(row)
 
     print(
         f"\n{'N':>3} {'scenario':11s} {'rp spawn p50/p99 ms':>20} {'rp livez p50':>12} "
@@ -183,27 +193,22 @@ def main() -> None:
             f"{row['nnodes']:3d} {row['scenario']:11s} {s['p50']:9.0f}/{s['p99']:<9.0f} "  # type: ignore[index]
             f"{lv['p50']:12.0f} {kf['p50']:12.0f} {sm['p50']:13.0f}"
         )  # type: ignore[index]
-    targets = {}
-    for row in table:
-        if row["nnodes"] == 8:
-            for basis in ("rallypoint_from_spawn", "rallypoint_from_livez"):
-                value = row[basis]["p50"]  # type: ignore[index]
-                targets[f"n8_{row['scenario']}_{basis}_p50_ms"] = {
-                    "value": value,
-                    "target": "<= 50",
-                    "verdict": common.verdict(value <= 50),
-                }
-    for name, t in targets.items():
-        print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict']}")
-    command = (
-        "python bench/time_to_ready.py --quick"
-        if args.quick
-        else f"python bench/time_to_ready.py --sizes {' '.join(map(str, args.sizes))} "
-        f"--runs {args.runs} --wait {args.wait:g}"
-    )
-    common.write_summary(
-        "time_to_ready" if not args.quick else "time_to_ready-quick",
-        {"command": command, "table": table, "targets": targets},
+    targets = {
+        f"n8_{row['scenario']}_{basis}_p50_ms": common.target(
+            row[basis]["p50"],  # type: ignore[index]
+            "<= 50",
+            row[basis]["p50"] <= 50,  # type: ignore[index]
+        )
+        for row in table
+        if row["nnodes"] == 8
+        for basis in ("rallypoint_from_spawn", "rallypoint_from_livez")
+    }
+    common.print_targets(targets)
+    common.write_run_summary(
+        "time_to_ready",
+        args,
+        f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs} --wait {args.wait:g}",
+        {"table": table, "targets": targets},
     )
     if not args.no_plot:
         plot(table)
