@@ -20,7 +20,6 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from rallypoint import connectivity, probe, status, wire
 from rallypoint.auth import Authenticator
@@ -34,7 +33,7 @@ from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSourc
 from rallypoint.peerhttp import PeerClient, PeerEndpoint
 from rallypoint.peers import PeerTable
 from rallypoint.ports import HeldPort
-from rallypoint.readiness import Readiness
+from rallypoint.readiness import Readiness, ReadinessAttribute, readiness_method
 from rallypoint.reasons import Reason, discovering_reason
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
@@ -43,57 +42,21 @@ from rallypoint.worker import Worker
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-class _ReadinessAttribute(Generic[T]):
-    """A Rendezvous attribute that is its Readiness's attribute of the same name."""
-
-    def __set_name__(self, owner: type[object], name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, node: None, owner: type[object]) -> _ReadinessAttribute[T]: ...
-    @overload
-    def __get__(self, node: Rendezvous, owner: type[object]) -> T: ...
-    def __get__(self, node: Rendezvous | None, owner: type[object]) -> T | _ReadinessAttribute[T]:
-        if node is None:
-            return self
-        value: T = getattr(node.readiness, self._name)
-        return value
-
-    def __set__(self, node: Rendezvous, value: T) -> None:
-        setattr(node.readiness, self._name, value)
-
-
-def _readiness_method(
-    method: Callable[Concatenate[Readiness, P], R],
-) -> Callable[Concatenate[Rendezvous, P], R]:
-    """A Rendezvous method that calls its Readiness's method of the same signature."""
-
-    def call(node: Rendezvous, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return method(node.readiness, *args, **kwargs)
-
-    call.__doc__ = method.__doc__
-    return call
-
 
 class Rendezvous(AsyncResource):
     """One node's side of the rendezvous, its readiness and everything /status shows."""
 
     # What the APIs, the join loop and the demo read and set of the node's readiness, under
     # the names they have always used; readiness.py documents each.
-    ready: _ReadinessAttribute[bool] = _ReadinessAttribute()
-    env: _ReadinessAttribute[Env | None] = _ReadinessAttribute()
-    master_problem: _ReadinessAttribute[Reason | None] = _ReadinessAttribute()
-    static_warnings: _ReadinessAttribute[list[str]] = _ReadinessAttribute()
-    ready_after_s: _ReadinessAttribute[float | None] = _ReadinessAttribute()
-    reasons = _readiness_method(Readiness.reasons)
-    warnings = _readiness_method(Readiness.warnings)
-    wait_ready = _readiness_method(Readiness.wait_ready)
-    not_ready = _readiness_method(Readiness.not_ready)
+    ready: ReadinessAttribute[bool] = ReadinessAttribute()
+    env: ReadinessAttribute[Env | None] = ReadinessAttribute()
+    master_problem: ReadinessAttribute[Reason | None] = ReadinessAttribute()
+    static_warnings: ReadinessAttribute[list[str]] = ReadinessAttribute()
+    ready_after_s: ReadinessAttribute[float | None] = ReadinessAttribute()
+    reasons = readiness_method(Readiness.reasons)
+    warnings = readiness_method(Readiness.warnings)
+    wait_ready = readiness_method(Readiness.wait_ready)
+    not_ready = readiness_method(Readiness.not_ready)
 
     def __init__(
         self,
