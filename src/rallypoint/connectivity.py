@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from rallypoint import names, probe
 from rallypoint.auth import Authenticator
+from rallypoint.backoff import Backoff
 from rallypoint.errors import PortError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec
@@ -159,10 +160,15 @@ class Prober:
         """Probe every target; retry the failing ones until none fails (or cancelled)."""
         failing = await self._round(targets)
         on_change(list(failing.values()))
-        delay = self.settings.backoff_initial_s
+        # Half jitter: a floor of half the ceiling keeps retries of a failing port spaced out.
+        backoff = Backoff(
+            self.settings.backoff_initial_s,
+            self.settings.backoff_max_s,
+            jitter="half",
+            rng=self._rng,
+        )
         while failing:
-            await asyncio.sleep(self._rng.uniform(delay / 2, delay))
-            delay = min(self.settings.backoff_max_s, delay * 2)
+            await backoff.sleep()
             retried = await self._round(list(failing))
             if retried != failing:
                 on_change(list(retried.values()))
