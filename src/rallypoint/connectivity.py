@@ -115,7 +115,7 @@ class Windows:
             try:
                 sockets = held.listen()
             except PortError as exc:
-                log.info("window_busy kind=%s port=%d error=%s", kind, held.port, exc)
+                log.info("window_busy", extra={"kind": kind, "port": held.port, "error": str(exc)})
                 busy.add(kind)
                 self.state[kind] = "busy"
                 continue
@@ -204,12 +204,14 @@ class Prober:
         self.metrics.probes_sent.labels(target.kind, outcome.cause).inc()
         if not outcome.ok:
             log.debug(
-                "probe_failed kind=%s host=%s address=%s port=%d cause=%s",
-                target.kind,
-                target.host,
-                target.address,
-                target.port,
-                outcome.cause,
+                "probe_failed",
+                extra={
+                    "kind": target.kind,
+                    "host": target.host,
+                    "address": target.address,
+                    "port": target.port,
+                    "cause": outcome.cause,
+                },
             )
         return outcome
 

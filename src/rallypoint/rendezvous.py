@@ -147,7 +147,7 @@ class Rendezvous:
             raise ValueError("adopt() needs a spec with hosts")
         self.held.update(held)
         self._take_spec(spec)
-        log.info("spec_discovered rank=%d hosts=%s", spec.rank, ",".join(spec.hosts))
+        log.info("spec_discovered", extra={"rank": spec.rank, "hosts": ",".join(spec.hosts)})
 
     def discovering(self, reason: Reason) -> None:
         """Show why discovery is not complete yet (only while the spec has no hosts)."""

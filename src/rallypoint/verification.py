@@ -100,7 +100,7 @@ class Verification:
         self._last_generation = doc.generation
         self.doc = doc
         self.peers.listed(doc.members)
-        log.info("cluster_document generation=%s", doc.generation)
+        log.info("cluster_document", extra={"generation": doc.generation})
         for callback in self._on_generation:
             try:
                 callback(doc)
@@ -124,7 +124,7 @@ class Verification:
         if doc is not self.book.doc:
             return  # a newer document is on its way through run()
         if task.done() or any(r.host == host for r in self.readiness.phase):
-            log.info("verification_retry trigger=join host=%s", host)
+            log.info("verification_retry", extra={"trigger": "join", "host": host})
             self._start_verification(doc)
 
     def retry(self) -> None:

@@ -98,7 +98,9 @@ class Worker:
             self.node.master_target = target
             backoff.reset()
             if epoch is not None and answer.epoch != epoch:
-                log.warning("master_restarted old_epoch=%s new_epoch=%s", epoch, answer.epoch)
+                log.warning(
+                    "master_restarted", extra={"old_epoch": epoch, "new_epoch": answer.epoch}
+                )
                 self.node.lose_generation(
                     Reason(
                         "generation_changed",
@@ -201,7 +203,7 @@ class Worker:
         try:
             return poll.result()
         except (PeerDown, JoinRejected) as exc:
-            log.info("master_lost master=%s error=%s", self.spec.master, exc)
+            log.info("master_lost", extra={"master": self.spec.master, "error": str(exc)})
             raise _Rejoin(str(exc)) from exc
         except AuthError as exc:
             self.metrics.auth_failures.labels(auth_reason(exc)).inc()
