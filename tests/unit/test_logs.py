@@ -10,8 +10,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from rallypoint import logs, master
 from rallypoint.model import Member
 
@@ -21,44 +19,33 @@ LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
 EVENT = re.compile(r"[a-z][a-z0-9_.]*")
 
 
-@pytest.fixture
-def captured() -> Iterator[tuple[io.StringIO, logging.Handler]]:
+def _join_line(formatter: logging.Formatter) -> str:
+    """The line a node-2 join logs on the master through ``formatter``."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
     logger = logging.getLogger("rallypoint")
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     try:
-        yield stream, handler
+        master._log_join(Member(2, "node2", ("10.0.0.2",)), "10.0.0.2", 1, 2, 3)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+    return stream.getvalue().rstrip()
 
 
-def test_a_json_line_carries_the_events_fields_as_keys(
-    captured: tuple[io.StringIO, logging.Handler],
-) -> None:
-    stream, handler = captured
-    handler.setFormatter(logs.JsonFormatter(None))
-    master._log_join(Member(2, "node2", ("10.0.0.2",)), "10.0.0.2", 1, 2, 3)
-    doc = json.loads(stream.getvalue().splitlines()[0])
+def test_a_json_line_carries_the_events_fields_as_keys() -> None:
+    doc = json.loads(_join_line(logs.JsonFormatter(None)))
     assert doc["event"] == "joined"
     assert doc["logger"] == "rallypoint.rendezvous"
     assert (doc["rank"], doc["host"], doc["remote"]) == (2, "node2", "10.0.0.2")
 
 
-def test_a_text_line_reads_event_then_fields_in_order(
-    captured: tuple[io.StringIO, logging.Handler],
-) -> None:
-    stream, handler = captured
-    handler.setFormatter(logs.TextFormatter(None))
-    master._log_join(Member(2, "node2", ("10.0.0.2",)), "10.0.0.2", 1, 2, 3)
-    assert (
-        stream.getvalue()
-        .rstrip()
-        .endswith("rallypoint.rendezvous: joined rank=2 host=node2 remote=10.0.0.2")
-    )
+def test_a_text_line_reads_event_then_fields_in_order() -> None:
+    line = _join_line(logs.TextFormatter(None))
+    assert line.endswith("rallypoint.rendezvous: joined rank=2 host=node2 remote=10.0.0.2")
 
 
 def _messages(root: Path) -> Iterator[tuple[str, ast.Call, ast.expr]]:
