@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import asyncio
 
 #: How a pause is drawn below its ceiling: "full" uniform(0, c) spreads nodes that started
 #: together the most; "half" uniform(c/2, c) keeps a floor; "none" is c itself.
@@ -58,6 +60,11 @@ class Backoff:
         A wake-up (a poke, an mDNS announcement) means the reason to wait is gone, so the
         schedule restarts from ``initial_s``.
         """
+        # Imported here, not at the top: a coroutine finds asyncio loaded already, and the
+        # blocking client (`rallypoint wait`) must not pay for it at start-up
+        # (docs/performance.md).
+        import asyncio
+
         wake = self._wake
         if wake is None:
             await asyncio.sleep(self.next_s(cap_s))
