@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rallypoint.backoff import Backoff
 from rallypoint.errors import (
     HostfileError,
     NotReady,
@@ -202,7 +203,8 @@ def wait_env(
     seen at once. An answer outside the contract (SidecarError) ends the wait.
     """
     deadline = None if timeout_s is None else clock() + timeout_s
-    backoff = backoff_initial_s
+    # No jitter: one process waits for its own sidecar, there is no crowd to spread.
+    backoff = Backoff(backoff_initial_s, backoff_max_s, jitter="none")
     last: str = "no answer yet"
     while True:
         remaining = poll_s if deadline is None else deadline - clock()
@@ -221,8 +223,6 @@ def wait_env(
             # A server that answered long before the long-poll ended (it ignores ?wait, or
             # it restarted) must not be hammered.
             if clock() - started >= wait_s / 2:
-                backoff = backoff_initial_s
+                backoff.reset()
                 continue
-        pause = backoff if deadline is None else min(backoff, max(deadline - clock(), 0.0))
-        sleep(pause)
-        backoff = min(backoff * 2, backoff_max_s)
+        sleep(backoff.next_s(None if deadline is None else deadline - clock()))

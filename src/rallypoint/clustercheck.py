@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from rallypoint import wire
+from rallypoint.backoff import Backoff
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.peerhttp import PeerClient
 from rallypoint.reasons import Reason
 from rallypoint.settings import Settings
-from rallypoint.worker import Backoff
 
 log = logging.getLogger("rallypoint.rendezvous")
 
@@ -116,9 +116,9 @@ class GenerationCheck:
 
     async def follow(self) -> wire.Verdict:
         """Report until the master's verdict says every node passed; that verdict."""
-        wake = asyncio.Event()  # never set: report retries wait out their pause
+        # No wake-up event: a report retry waits out its pause.
         backoff = Backoff(
-            self.settings.backoff_initial_s, self.settings.backoff_max_s, wake, self._rng
+            self.settings.backoff_initial_s, self.settings.backoff_max_s, rng=self._rng
         )
         # Nothing to tell the master while the first checks run: it counts a node that has not
         # reported as still checking. The first report carries their outcome.

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from rallypoint import names, probe
 from rallypoint.auth import Authenticator
+from rallypoint.backoff import Backoff
 from rallypoint.errors import PortError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec
@@ -114,7 +115,7 @@ class Windows:
             try:
                 sockets = held.listen()
             except PortError as exc:
-                log.info("window_busy kind=%s port=%d error=%s", kind, held.port, exc)
+                log.info("window_busy", extra={"kind": kind, "port": held.port, "error": str(exc)})
                 busy.add(kind)
                 self.state[kind] = "busy"
                 continue
@@ -159,10 +160,15 @@ class Prober:
         """Probe every target; retry the failing ones until none fails (or cancelled)."""
         failing = await self._round(targets)
         on_change(list(failing.values()))
-        delay = self.settings.backoff_initial_s
+        # Half jitter: a floor of half the ceiling keeps retries of a failing port spaced out.
+        backoff = Backoff(
+            self.settings.backoff_initial_s,
+            self.settings.backoff_max_s,
+            jitter="half",
+            rng=self._rng,
+        )
         while failing:
-            await asyncio.sleep(self._rng.uniform(delay / 2, delay))
-            delay = min(self.settings.backoff_max_s, delay * 2)
+            await backoff.sleep()
             retried = await self._round(list(failing))
             if retried != failing:
                 on_change(list(retried.values()))
@@ -198,12 +204,14 @@ class Prober:
         self.metrics.probes_sent.labels(target.kind, outcome.cause).inc()
         if not outcome.ok:
             log.debug(
-                "probe_failed kind=%s host=%s address=%s port=%d cause=%s",
-                target.kind,
-                target.host,
-                target.address,
-                target.port,
-                outcome.cause,
+                "probe_failed",
+                extra={
+                    "kind": target.kind,
+                    "host": target.host,
+                    "address": target.address,
+                    "port": target.port,
+                    "cause": outcome.cause,
+                },
             )
         return outcome
 

@@ -33,12 +33,12 @@ JOIN_LOG_ALL_NODES = 256
 
 def _log_join(member: Member, remote: str | None, before: int, joined: int, nnodes: int) -> None:
     if nnodes <= JOIN_LOG_ALL_NODES:
-        log.info("joined rank=%d host=%s remote=%s", member.rank, member.host, remote)
+        log.info("joined", extra={"rank": member.rank, "host": member.host, "remote": remote})
         return
-    log.debug("joined rank=%d host=%s remote=%s", member.rank, member.host, remote)
+    log.debug("joined", extra={"rank": member.rank, "host": member.host, "remote": remote})
     step = max(1, nnodes // 10)
     if joined != before and (joined // step != before // step or joined == nnodes):
-        log.info("joins_progress joined=%d nnodes=%d", joined, nnodes)
+        log.info("joins_progress", extra={"joined": joined, "nnodes": nnodes})
 
 
 class Documents(Protocol):

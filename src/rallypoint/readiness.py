@@ -129,7 +129,7 @@ class Readiness:
             self.metrics.ready_transitions.labels("not_ready").inc()
             quiet = any(r.code == "shutting_down" for r in reasons)
             level = logging.INFO if quiet else logging.WARNING
-            log.log(level, "not_ready reasons=%s", ",".join(r.code for r in reasons))
+            log.log(level, "not_ready", extra={"reasons": ",".join(r.code for r in reasons)})
         self._notify()
 
     def become_ready(self, env: Env, generation: str | None) -> None:
@@ -143,7 +143,7 @@ class Readiness:
             if self._ready_after_s is None:
                 self._ready_after_s = self.uptime_s
             self.metrics.ready_transitions.labels("ready").inc()
-            log.info("ready generation=%s", generation)
+            log.info("ready", extra={"generation": generation})
         self._notify()
 
     def _notify(self) -> None:

@@ -21,7 +21,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from rallypoint import connectivity, probe, status, wire
+from rallypoint import connectivity, probe, status, wire, wirefields
 from rallypoint.auth import Authenticator
 from rallypoint.clustercheck import Transport, http_transport, local_transport
 from rallypoint.errors import JoinRejected
@@ -151,7 +151,7 @@ class Rendezvous(AsyncResource):
             raise ValueError("adopt() needs a spec with hosts")
         self.held.update(held)
         self._take_spec(spec)
-        log.info("spec_discovered rank=%d hosts=%s", spec.rank, ",".join(spec.hosts))
+        log.info("spec_discovered", extra={"rank": spec.rank, "hosts": ",".join(spec.hosts)})
 
     def discovering(self, reason: Reason) -> None:
         """Show why discovery is not complete yet (only while the spec has no hosts)."""
@@ -256,7 +256,7 @@ class Rendezvous(AsyncResource):
         return Member(
             rank=self.spec.rank,
             host=self.spec.host,
-            addresses=tuple(dict.fromkeys(wire.address(a) for a in self.addresses)),
+            addresses=tuple(dict.fromkeys(wirefields.address(a) for a in self.addresses)),
             tf_port=None if tf is None else tf.port,
             jax_port=None if jax is None else jax.port,
             probe_port=None if probe_port is None or not self.settings.probe else probe_port.port,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import random
 import socket
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -13,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from rallypoint import names
+from rallypoint.backoff import Backoff
 from rallypoint.lifecycle import AsyncResource
 from rallypoint.names import Resolution, Verdict
 
@@ -98,7 +98,9 @@ async def verify(
     """
     started = clock()
     attempts = 0
-    ceiling = backoff_initial_s
+    # Full jitter (a uniform pause up to the ceiling) spreads thousands of nodes that
+    # started together.
+    backoff = Backoff(backoff_initial_s, backoff_max_s)
     last: Resolution | None = None
     while (remaining := deadline - clock()) > 0:
         cut_short = remaining < timeout_s
@@ -113,10 +115,7 @@ async def verify(
         remaining = deadline - clock()
         if remaining <= 0:
             break
-        # Full jitter (a uniform pause up to the ceiling) spreads thousands of nodes that
-        # started together; the pause never runs past the deadline.
-        await asyncio.sleep(random.uniform(0.0, min(ceiling, remaining)))
-        ceiling = min(ceiling * 2, backoff_max_s)
+        await backoff.sleep(cap_s=remaining)  # the pause never runs past the deadline
     if last is None:
         return names.no_attempt(host)
     return dataclasses.replace(last, attempts=attempts, elapsed_s=clock() - started)

@@ -102,8 +102,11 @@ class Sidecar(AsyncResource):
         auth = Authenticator(settings.token)
         if not auth.enabled:
             log.warning(
-                "auth_disabled remedy=%s",
-                "set RALLYPOINT_TOKEN (or --token-file) to the same secret on every node",
+                "auth_disabled",
+                extra={
+                    "remedy": "set RALLYPOINT_TOKEN (or --token-file) to the same secret on "
+                    "every node"
+                },
             )
         spec = self._spec or providers.detect(self.environ, settings.provider)
         addresses = (
@@ -165,7 +168,7 @@ class Sidecar(AsyncResource):
                     await self._mdns.close()
                 await stack.aclose()
         except TimeoutError:
-            log.warning("shutdown_timeout grace_s=%g", self.settings.shutdown_grace_s)
+            log.warning("shutdown_timeout", extra={"grace_s": self.settings.shutdown_grace_s})
 
     async def close(self) -> None:
         """What `async with` runs on exit: stop()."""
@@ -282,7 +285,9 @@ class Sidecar(AsyncResource):
             self._mdns = await stack.enter_async_context(mdns)
         except Exception as exc:
             self._mdns_error = f"{type(exc).__name__}: {exc}"
-            log.warning("mdns_failed error=%s remedy=%s", self._mdns_error, "HTTP still works")
+            log.warning(
+                "mdns_failed", extra={"error": self._mdns_error, "remedy": "HTTP still works"}
+            )
 
     def _mdns_status(self) -> object:
         if self._mdns is None:

@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable, Mapping
 
 from rallypoint import connectivity, netinfo, wire
+from rallypoint.backoff import Backoff
 from rallypoint.clustercheck import GenerationCheck, Transport, cancel_quietly
 from rallypoint.masterbook import MasterBook
 from rallypoint.metrics import Metrics
@@ -99,7 +100,7 @@ class Verification:
         self._last_generation = doc.generation
         self.doc = doc
         self.peers.listed(doc.members)
-        log.info("cluster_document generation=%s", doc.generation)
+        log.info("cluster_document", extra={"generation": doc.generation})
         for callback in self._on_generation:
             try:
                 callback(doc)
@@ -123,7 +124,7 @@ class Verification:
         if doc is not self.book.doc:
             return  # a newer document is on its way through run()
         if task.done() or any(r.host == host for r in self.readiness.phase):
-            log.info("verification_retry trigger=join host=%s", host)
+            log.info("verification_retry", extra={"trigger": "join", "host": host})
             self._start_verification(doc)
 
     def retry(self) -> None:
@@ -158,6 +159,8 @@ class Verification:
             await windows.open()  # after a ready generation they were closed
         follow = asyncio.create_task(check.follow())
         probes: asyncio.Task[None] | None = None
+        # A steady pause between half and all of RECHECK_S, so nodes do not judge in lockstep.
+        recheck = Backoff(RECHECK_S, RECHECK_S, jitter="half", rng=self._rng)
         try:
             while True:
                 checked = await self._verify.check(doc)
@@ -173,7 +176,7 @@ class Verification:
                 # without a restart (a poke or a re-join retries at once).
                 check.update(checked.failures or [outcome])
                 await check.reported(self.settings.resolve_timeout_s)
-                await asyncio.sleep(self._rng.uniform(0.5, 1.0) * RECHECK_S)
+                await recheck.sleep()
             if self._prober is not None:
                 targets = self._targets(doc)
                 check.update(

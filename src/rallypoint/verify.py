@@ -91,7 +91,9 @@ class Verifier:
         if self_reason is not None:
             failures.insert(0, self_reason)
         elif self_warning is not None:
-            log.warning("own_name verdict=%s host=%s ifname=%s", own.verdict, own.host, bound)
+            log.warning(
+                "own_name", extra={"verdict": str(own.verdict), "host": own.host, "ifname": bound}
+            )
         return Checked(failures, self_warning, own, master_ip, ifname, route_ifname)
 
     def derive(self, doc: ClusterDoc, checked: Checked) -> Env | Reason:

@@ -14,12 +14,21 @@ from dataclasses import dataclass
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
-from rallypoint.wirefields import MAX_NODES, TOKEN, boolean, dump, integer, load, reasons, session
 
 # Part of this module's contract: the APIs apply the same rules to query strings and addresses.
-from rallypoint.wirefields import address as address
-from rallypoint.wirefields import generation as generation
-from rallypoint.wirefields import host_name as host_name
+from rallypoint.wirefields import (
+    MAX_NODES,
+    TOKEN,
+    address,
+    boolean,
+    dump,
+    generation,
+    host_name,
+    integer,
+    load,
+    reasons,
+    session,
+)
 
 #: Largest join or poke body accepted (a join carries at most MAX_ADDRESSES addresses).
 MAX_JOIN_BYTES = 16 * 1024

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from typing import Protocol
 
 from rallypoint import names, resolve, wire
+from rallypoint.backoff import Backoff
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, Member
@@ -24,35 +24,6 @@ log = logging.getLogger("rallypoint.rendezvous")
 
 class _Rejoin(Exception):
     """The long-poll ended in a way that calls for a new join (poke, lost connection)."""
-
-
-class Backoff:
-    """Capped full-jitter exponential backoff whose pause a poke cuts short."""
-
-    def __init__(
-        self, initial_s: float, max_s: float, wake: asyncio.Event, rng: random.Random
-    ) -> None:
-        self._initial_s = initial_s
-        self._max_s = max_s
-        self._wake = wake
-        self._rng = rng
-        self._attempt = 0
-
-    def reset(self) -> None:
-        self._attempt = 0
-
-    async def sleep(self) -> bool:
-        """Pause up to the current ceiling; True when a poke ended the pause early."""
-        ceiling = min(self._max_s, self._initial_s * 2 ** min(self._attempt, 32))
-        self._attempt += 1
-        if not self._wake.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._rng.uniform(0.0, ceiling))
-        woke = self._wake.is_set()
-        self._wake.clear()
-        if woke:
-            self.reset()
-        return woke
 
 
 class WorkerNode(Protocol):
@@ -113,8 +84,12 @@ class Worker:
         self.node.not_ready(
             Reason("waiting_for_master", f"joining the master {master}", host=master)
         )
+        # Full jitter, and a poke (the master came up, a new generation) ends the pause.
         backoff = Backoff(
-            self.settings.backoff_initial_s, self.settings.backoff_max_s, self._poked, self._rng
+            self.settings.backoff_initial_s,
+            self.settings.backoff_max_s,
+            rng=self._rng,
+            wake=self._poked,
         )
         epoch: str | None = None
         after: str | None = None
@@ -123,7 +98,9 @@ class Worker:
             self.node.master_target = target
             backoff.reset()
             if epoch is not None and answer.epoch != epoch:
-                log.warning("master_restarted old_epoch=%s new_epoch=%s", epoch, answer.epoch)
+                log.warning(
+                    "master_restarted", extra={"old_epoch": epoch, "new_epoch": answer.epoch}
+                )
                 self.node.lose_generation(
                     Reason(
                         "generation_changed",
@@ -226,7 +203,7 @@ class Worker:
         try:
             return poll.result()
         except (PeerDown, JoinRejected) as exc:
-            log.info("master_lost master=%s error=%s", self.spec.master, exc)
+            log.info("master_lost", extra={"master": self.spec.master, "error": str(exc)})
             raise _Rejoin(str(exc)) from exc
         except AuthError as exc:
             self.metrics.auth_failures.labels(auth_reason(exc)).inc()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import render, wire
+from rallypoint import render, wire, wirefields
 from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.masterbook import GZIP_MIN_BYTES, MasterBook
@@ -122,9 +122,9 @@ def test_address_fast_path_agrees_with_ipaddress(value: str) -> None:
         expected = None
     if expected is None:
         with pytest.raises(PeerMessageError):
-            wire.address(value)
+            wirefields.address(value)
     else:
-        assert wire.address(value) == expected
+        assert wirefields.address(value) == expected
 
 
 @pytest.mark.parametrize("fmt", render.FORMATS)

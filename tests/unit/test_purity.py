@@ -27,6 +27,7 @@ PURE = [
     "rallypoint.reasons",
     "rallypoint.names",
     "rallypoint.hostfile",
+    "rallypoint.backoff",
 ]
 FORBIDDEN = ["asyncio", "socket", "aiohttp", "zeroconf"]
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import wire
+from rallypoint import wire, wirefields
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
 
@@ -109,12 +109,12 @@ def test_bad_cluster_documents(body: bytes, field: str) -> None:
     [("10.0.0.1", "10.0.0.1"), ("FD00:0:0::2", "fd00::2"), ("::ffff:10.0.0.1", "::ffff:a00:1")],
 )
 def test_addresses_are_canonical(value: str, canonical: str) -> None:
-    assert wire.address(value) == canonical
+    assert wirefields.address(value) == canonical
 
 
 @pytest.mark.parametrize("host", ["node1", "gpu-01.cluster.local", "10.0.0.1", "fd00::1", "a_b"])
 def test_host_names_accepted(host: str) -> None:
-    assert wire.host_name(host)
+    assert wirefields.host_name(host)
 
 
 json_values = st.recursive(

@@ -88,7 +88,8 @@ class Mdns(AsyncResource):
             self._browser.start()
         except Exception as exc:
             log.warning(
-                "mdns_unavailable error=%r remedy=%s", exc, "peers still rendezvous over HTTP"
+                "mdns_unavailable",
+                extra={"error": repr(exc), "remedy": "peers still rendezvous over HTTP"},
             )
             await self._close_zeroconf()
             return
@@ -138,7 +139,7 @@ class Mdns(AsyncResource):
                 await self._publish(fields, own)
             except Exception as exc:
                 if self._browser is not None:
-                    self._browser.warn_once("mdns_announce_failed", f"error={exc!r}")
+                    self._browser.warn_once("mdns_announce_failed", error=repr(exc))
 
     async def _publish(self, fields: dict[str, str], own: Announcement) -> None:
         assert self._azc is not None
@@ -164,10 +165,12 @@ class Mdns(AsyncResource):
             self.instance = instance_label(info.name)
             if self.instance != label:
                 log.warning(
-                    "mdns_name_conflict instance=%s renamed=%s remedy=%s",
-                    label,
-                    self.instance,
-                    "give every node a distinct host name",
+                    "mdns_name_conflict",
+                    extra={
+                        "instance": label,
+                        "renamed": self.instance,
+                        "remedy": "give every node a distinct host name",
+                    },
                 )
         self._set_own(replace(own, instance=self.instance or own.instance))
 
@@ -187,7 +190,7 @@ class Mdns(AsyncResource):
             try:
                 await self._announce(None)
             except Exception as exc:
-                log.warning("mdns_refresh_failed error=%r", exc)
+                log.warning("mdns_refresh_failed", extra={"error": repr(exc)})
 
     def peers(self) -> list[Announcement]:
         """Valid announcements of our session, this node's own included, sorted by host."""
@@ -248,6 +251,6 @@ class Mdns(AsyncResource):
                 await self._azc.async_unregister_all_services()
                 await self._azc.async_close()
         except Exception as exc:
-            log.warning("mdns_close_failed error=%r", exc)
+            log.warning("mdns_close_failed", extra={"error": repr(exc)})
         finally:
             self._azc = None

@@ -82,11 +82,11 @@ class Browser:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def warn_once(self, event: str, detail: str) -> None:
+    def warn_once(self, event: str, **fields: object) -> None:
         """Log a repeated problem at warning once, then at debug (zeroconf's QuietLogger)."""
         level = logging.DEBUG if event in self._warned else logging.WARNING
         self._warned.add(event)
-        log.log(level, "%s %s", event, detail)
+        log.log(level, event, extra=fields)
 
     def _on_state_change(
         self,
@@ -108,7 +108,7 @@ class Browser:
                 return
             self._tasks[name] = asyncio.get_running_loop().create_task(self._resolve(name))
         except Exception as exc:
-            self.warn_once("mdns_callback_failed", f"instance={name!r} error={exc!r}")
+            self.warn_once("mdns_callback_failed", instance=name, error=repr(exc))
 
     async def _resolve(self, name: str) -> None:
         try:
@@ -126,7 +126,7 @@ class Browser:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.warn_once("mdns_resolve_failed", f"instance={name!r} error={exc!r}")
+            self.warn_once("mdns_resolve_failed", instance=name, error=repr(exc))
         finally:
             self._tasks.pop(name, None)
 
@@ -149,7 +149,7 @@ class Browser:
         try:
             parsed, fields = txt.parse_fields(info.properties, instance=instance)
         except PeerMessageError as exc:
-            self.warn_once("mdns_rejected_malformed", f"instance={instance!r} error={exc}")
+            self.warn_once("mdns_rejected_malformed", instance=instance, error=str(exc))
             self._reject(name, MALFORMED)
             return True
         announcement = replace(parsed, verified=self._verify(fields))
@@ -166,7 +166,7 @@ class Browser:
     def _reject(self, name: str, reason: str) -> None:
         self.rejections[reason] = self.rejections.get(reason, 0) + 1
         self.recent_rejections.append((instance_label(name), reason))
-        log.debug("mdns_rejected instance=%r reason=%s", name, reason)
+        log.debug("mdns_rejected", extra={"instance": name, "reason": reason})
         self._drop(name)
 
     def _drop(self, name: str) -> None:
@@ -178,7 +178,7 @@ class Browser:
         """Drop accepted peers whose signature is no longer fresh."""
         for name, fields in list(self._fields.items()):
             if self._verify(fields) is False:
-                log.info("mdns_peer_expired instance=%r", name)
+                log.info("mdns_peer_expired", extra={"instance": name})
                 self._judged.pop(name, None)
                 self._drop(name)
 
@@ -195,7 +195,7 @@ class Browser:
         try:
             self._on_change()
         except Exception as exc:
-            self.warn_once("mdns_on_change_failed", f"error={exc!r}")
+            self.warn_once("mdns_on_change_failed", error=repr(exc))
 
 
 async def browse(

@@ -36,7 +36,7 @@ def resolve_interfaces(entries: Sequence[str]) -> Interfaces:
             continue
         adapter = adapters.get(entry)
         if adapter is None:
-            log.warning("mdns_interface_unknown interface=%s", entry)
+            log.warning("mdns_interface_unknown", extra={"interface": entry})
             continue
         chosen.extend(ip.ip for ip in adapter.ips if isinstance(ip.ip, str))
         if adapter.index is not None and any(isinstance(ip.ip, tuple) for ip in adapter.ips):
@@ -75,5 +75,5 @@ def open_zeroconf(choice: Interfaces) -> AsyncZeroconf:
         return AsyncZeroconf(interfaces=choice, ip_version=IPVersion.All)
     except OSError as exc:
         # Hosts with IPv6 disabled fail the IPv6 socket; IPv4 alone still finds peers.
-        log.info("mdns_ipv6_unavailable error=%r", exc)
+        log.info("mdns_ipv6_unavailable", extra={"error": repr(exc)})
         return AsyncZeroconf(interfaces=choice, ip_version=IPVersion.V4Only)

@@ -134,7 +134,7 @@ class DiscoveryLoop:
                 try:
                     await asyncio.wait_for(self._changed.wait(), self._settle_s)
                 except TimeoutError:
-                    log.info("mdns_discovered hosts=%s", ",".join(hosts))
+                    log.info("mdns_discovered", extra={"hosts": ",".join(hosts)})
                     return dataclasses.replace(spec, hosts=hosts, rank=hosts.index(host))
                 continue
             self._node.discovering(reason)
@@ -155,7 +155,7 @@ class DiscoveryLoop:
             # An empty generation is a master without a document yet: it just started.
             if announcement.generation and announcement.generation == node.generation:
                 return
-            log.info("mdns_master_changed generation=%s", announcement.generation or "-")
+            log.info("mdns_master_changed", extra={"generation": announcement.generation or "-"})
             self._metrics.mdns_wakeups.inc()
             node.wake()
             return
@@ -169,4 +169,4 @@ class DiscoveryLoop:
         try:
             await self._mdns.announce(rank=rank, generation=generation, addresses=addresses)
         except Exception as exc:
-            log.warning("mdns_announce_failed error=%r", exc)
+            log.warning("mdns_announce_failed", extra={"error": repr(exc)})

@@ -52,7 +52,10 @@ def _quiet_protocol_errors(record: logging.LogRecord) -> bool:
     if not isinstance(exc, HttpProcessingError):
         return True
     remote = record.args[0] if isinstance(record.args, tuple) and record.args else None
-    log.debug("bad_http_request remote=%s status=%s error=%.200r", remote, exc.code, exc.message)
+    log.debug(
+        "bad_http_request",
+        extra={"remote": remote, "status": exc.code, "error": repr(exc.message)[:200]},
+    )
     return False
 
 
@@ -98,9 +101,11 @@ class Listeners(AsyncResource):
         ):
             self.peer_bound.append((IPV6_ANY, settings.peer_port))
         log.info(
-            "listening local=%s peer=%s",
-            ",".join(f"{h}:{p}" for h, p in self.local_bound),
-            ",".join(f"{h}:{p}" for h, p in self.peer_bound),
+            "listening",
+            extra={
+                "local": ",".join(f"{h}:{p}" for h, p in self.local_bound),
+                "peer": ",".join(f"{h}:{p}" for h, p in self.peer_bound),
+            },
         )
 
     async def close(self) -> None:
@@ -140,7 +145,7 @@ class Listeners(AsyncResource):
             await site.start()
         except OSError as exc:
             if quiet_v6 and ":" in host and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
-                log.debug("ipv6_unavailable api=%s host=%s error=%s", api, host, exc)
+                log.debug("ipv6_unavailable", extra={"api": api, "host": host, "error": str(exc)})
                 return False
             raise PortError(
                 f"cannot listen for the {api} API on {host}:{port}: {exc.strerror or exc}; "

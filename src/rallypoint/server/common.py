@@ -57,7 +57,9 @@ def observe(api: str) -> Middleware:
             raise
         except AuthError as exc:
             node.metrics.auth_failures.labels(auth_reason(exc)).inc()
-            log.warning("auth_rejected route=%s remote=%s error=%s", route, request.remote, exc)
+            log.warning(
+                "auth_rejected", extra={"route": route, "remote": request.remote, "error": str(exc)}
+            )
             response = error_response(401, str(exc), "auth_failed")
         except JoinRejected as exc:
             response = error_response(exc.status, str(exc), exc.code)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from rallypoint import wire
+from rallypoint import wire, wirefields
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.server.common import (
@@ -65,7 +65,7 @@ def _report_crash(node: Rendezvous) -> Callable[[asyncio.Task[None]], None]:
         if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()
-        log.error("rendezvous_crashed error=%r", exc, exc_info=exc)
+        log.error("rendezvous_crashed", extra={"error": repr(exc)}, exc_info=exc)
         node.fail(Reason("internal_error", f"the rendezvous stopped: {exc!r}; see the log"))
 
     return done
@@ -81,7 +81,7 @@ async def _read_body(request: web.Request) -> bytes:
         async with asyncio.timeout(BODY_TIMEOUT_S):
             return await request.read()
     except TimeoutError:
-        log.debug("body_timeout route=%s remote=%s", request.path, request.remote)
+        log.debug("body_timeout", extra={"route": request.path, "remote": request.remote})
         raise web.HTTPRequestTimeout(
             text=json_line(
                 f"the request body did not arrive within {BODY_TIMEOUT_S:g}s", "body_timeout"
@@ -91,7 +91,10 @@ async def _read_body(request: web.Request) -> bytes:
     except (ConnectionResetError, HttpProcessingError) as exc:
         # The client left (or broke the framing) mid-body: nobody reads the answer, and
         # aiohttp would log the error with a traceback if it escaped the handler.
-        log.debug("body_broken route=%s remote=%s error=%r", request.path, request.remote, exc)
+        log.debug(
+            "body_broken",
+            extra={"route": request.path, "remote": request.remote, "error": repr(exc)},
+        )
         raise web.HTTPBadRequest(
             text=json_line("the request body ended before its declared length", "bad_request"),
             content_type="application/json",
@@ -112,7 +115,7 @@ async def _cluster(request: web.Request) -> web.Response:
     after = params.get("after")
     node.auth.verify(f"GET /v1/cluster?after={after or ''}", b"", request.headers)
     if after is not None:
-        wire.generation(after, "after")
+        wirefields.generation(after, "after")
     doc = await node.handle_cluster(after)
     book = node.book  # never None here: handle_cluster answers on the master only
     if doc is None or book is None:
