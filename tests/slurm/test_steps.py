@@ -54,8 +54,10 @@ def test_step_on_part_of_the_allocation_fails_at_once_naming_slurm_nnodes(
     )
     assert job.state == "FAILED", job.describe()
     errors = error_lines(job, "SLURM_NNODES=2")
-    # One line per sidecar of the step, naming the variable and the job's list.
-    assert len(errors) == 2, job.describe()
+    # At most one line per sidecar of the step, naming the variable and the job's list: the
+    # first sidecar's exit 2 makes srun (--kill-on-bad-exit) stop the other, which may not
+    # have got as far as its own line.
+    assert 1 <= len(errors) <= 2, job.describe()
     assert all("SLURM_JOB_NODELIST='gpu[07-09]'" in line for line in errors), errors
     assert "exit code 2" in job.output, job.describe()
     assert not train_lines(job), job.describe()
