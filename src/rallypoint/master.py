@@ -9,16 +9,11 @@ from typing import Any, Protocol
 
 from rallypoint import names, resolve, wire
 from rallypoint.clustercheck import local_transport
+from rallypoint.context import NodeContext
 from rallypoint.errors import JoinRejected, PeerDown
 from rallypoint.masterbook import MasterBook
-from rallypoint.metrics import Metrics
-from rallypoint.model import ClusterDoc, ClusterSpec, Member
-from rallypoint.peerhttp import PeerClient, PeerEndpoint
-from rallypoint.peers import PeerTable
-from rallypoint.readiness import Readiness
+from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
-from rallypoint.resolve import Resolver
-from rallypoint.settings import Settings
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
@@ -52,32 +47,10 @@ class Documents(Protocol):
 class Master:
     """The master's side of the rendezvous, beside its book (node rank 0 only)."""
 
-    def __init__(
-        self,
-        book: MasterBook,
-        spec: ClusterSpec,
-        settings: Settings,
-        *,
-        resolver: Resolver,
-        metrics: Metrics,
-        readiness: Readiness,
-        peers: PeerTable,
-        documents: Documents,
-        client: PeerClient,
-        endpoint: PeerEndpoint,
-        accept_loopback: bool,
-    ) -> None:
+    def __init__(self, book: MasterBook, ctx: NodeContext, *, documents: Documents) -> None:
         self.book = book
-        self.spec = spec
-        self.settings = settings
-        self.resolver = resolver
-        self.metrics = metrics
-        self.readiness = readiness
-        self.peers = peers
+        self.ctx = ctx
         self.documents = documents
-        self._peer_client = client
-        self._endpoint = endpoint
-        self.accept_loopback = accept_loopback
         self.epoch = book.epoch
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -92,8 +65,8 @@ class Master:
         """Record our own join, then accept every document the book issues until it closes."""
         book = self.book
         book.record(own)
-        self.peers.joined(own, None, self.readiness.uptime_s)
-        self.readiness.not_ready(self._waiting_reason(book))
+        self.ctx.peers.joined(own, None, self.ctx.readiness.uptime_s)
+        self.ctx.readiness.not_ready(self._waiting_reason(book))
         # Workers may be deep in a backoff pause: wake them so nobody waits it out.
         self._poke_workers()
         after: str | None = None
@@ -109,16 +82,16 @@ class Master:
                     self._poke_workers()
 
     def _poke_workers(self) -> None:
-        for host in self.spec.hosts[1:]:
+        for host in self.ctx.spec.hosts[1:]:
             self._spawn(self._poke(host))
 
     def _waiting_reason(self, book: MasterBook) -> Reason:
         missing = book.missing()
-        names = ", ".join(self.spec.hosts[r] for r in missing[:8])
+        names = ", ".join(self.ctx.spec.hosts[r] for r in missing[:8])
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         return Reason(
             "waiting_for_join",
-            f"{len(missing)} of {self.spec.nnodes} nodes have not joined yet: {names}{more}",
+            f"{len(missing)} of {self.ctx.spec.nnodes} nodes have not joined yet: {names}{more}",
             ranks=tuple(missing),
         )
 
@@ -128,32 +101,32 @@ class Master:
         try:
             book.check(request)
         except JoinRejected:
-            self.metrics.joins.labels("rejected").inc()
+            self.ctx.metrics.joins.labels("rejected").inc()
             raise
-        self.metrics.joins.labels("accepted").inc()
+        self.ctx.metrics.joins.labels("accepted").inc()
         before = len(book.members)
         changed = book.record(request.member)
-        self.peers.joined(request.member, remote, self.readiness.uptime_s)
+        self.ctx.peers.joined(request.member, remote, self.ctx.readiness.uptime_s)
         if not changed:
             self.documents.recheck(request.member.host)
-        _log_join(request.member, remote, before, len(book.members), self.spec.nnodes)
+        _log_join(request.member, remote, before, len(book.members), self.ctx.spec.nnodes)
         if book.doc is None:
-            self.readiness.not_ready(self._waiting_reason(book))
+            self.ctx.readiness.not_ready(self._waiting_reason(book))
         return wire.JoinAnswer(
-            session=self.spec.session,
+            session=self.ctx.spec.session,
             epoch=self.epoch,
             generation=None if book.doc is None else book.doc.generation,
             joined=len(book.members),
-            nnodes=self.spec.nnodes,
+            nnodes=self.ctx.spec.nnodes,
         )
 
     async def handle_cluster(self, after: str | None) -> ClusterDoc | None:
         """Long-poll for a document newer than ``after``; None on timeout."""
-        return await self.book.wait(after, self.settings.long_poll_s)
+        return await self.book.wait(after, self.ctx.settings.long_poll_s)
 
     async def handle_report(self, report: wire.Report) -> wire.Verdict:
         """Record a node's checks; the verdict, long-polled while unchanged."""
-        return await local_transport(self.book, self.settings.long_poll_s)(report)
+        return await local_transport(self.book, self.ctx.settings.long_poll_s)(report)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -162,19 +135,19 @@ class Master:
 
     async def _poke(self, host: str) -> None:
         """Best effort: tell a worker's peer API to re-join now."""
-        res = await resolve.check(self.resolver, host, None, timeout_s=POKE_TIMEOUT_S)
-        if names.dials_self(res, accept_loopback=self.accept_loopback):
+        res = await resolve.check(self.ctx.resolver, host, None, timeout_s=POKE_TIMEOUT_S)
+        if names.dials_self(res, accept_loopback=self.ctx.accept_loopback):
             # A worker's name on loopback here would poke ourselves.
-            self.metrics.pokes_sent.labels("skipped").inc()
+            self.ctx.metrics.pokes_sent.labels("skipped").inc()
             return
-        body = wire.encode_poke(wire.Poke(self.spec.session, self.epoch))
+        body = wire.encode_poke(wire.Poke(self.ctx.spec.session, self.epoch))
         for address in res.addresses:
             try:
-                ok = await self._peer_client.post_poke(
-                    self._endpoint(host, address), body, POKE_TIMEOUT_S
+                ok = await self.ctx.client.post_poke(
+                    self.ctx.endpoint(host, address), body, POKE_TIMEOUT_S
                 )
             except PeerDown:
                 continue
-            self.metrics.pokes_sent.labels("accepted" if ok else "refused").inc()
+            self.ctx.metrics.pokes_sent.labels("accepted" if ok else "refused").inc()
             return
-        self.metrics.pokes_sent.labels("unreachable").inc()
+        self.ctx.metrics.pokes_sent.labels("unreachable").inc()

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from rallypoint import connectivity, probe, status, wire, wirefields
 from rallypoint.auth import Authenticator
 from rallypoint.clustercheck import Transport, http_transport, local_transport
+from rallypoint.context import NodeContext
 from rallypoint.errors import JoinRejected
 from rallypoint.lifecycle import AsyncResource
 from rallypoint.master import Master
@@ -103,6 +104,8 @@ class Rendezvous(AsyncResource):
         self.book: MasterBook | None = None
         self.master: Master | None = None
         self.verification: Verification | None = None
+        #: What the master, worker and verification share (once the spec is known).
+        self.ctx: NodeContext | None = None
         self.peers = PeerTable(spec)
         #: Called with each new cluster document (mDNS re-announces the generation).
         self.on_generation: list[Callable[[ClusterDoc], None]] = []
@@ -191,37 +194,30 @@ class Rendezvous(AsyncResource):
             transport = local_transport(self.book, self.settings.long_poll_s)
         else:
             transport = http_transport(self._peer_client, lambda: self.master_target)
-        self.verification = Verification(
-            spec,
-            self.settings,
+        self.ctx = NodeContext(
+            spec=spec,
+            settings=self.settings,
             resolver=self.resolver,
             metrics=self.metrics,
             readiness=self.readiness,
             peers=self.peers,
-            user=self.user,
+            client=self._peer_client,
+            endpoint=self._endpoint,
             accept_loopback=self.accept_loopback,
+            clock=self._clock,
+            rng=self._rng,
+        )
+        self.verification = Verification(
+            self.ctx,
+            user=self.user,
             transport=transport,
             book=self.book,
             windows=self.windows,
             prober=prober,
             on_generation=self.on_generation,
-            clock=self._clock,
-            rng=self._rng,
         )
         if self.book is not None:
-            self.master = Master(
-                self.book,
-                spec,
-                self.settings,
-                resolver=self.resolver,
-                metrics=self.metrics,
-                readiness=self.readiness,
-                peers=self.peers,
-                documents=self.verification,
-                client=self._peer_client,
-                endpoint=self._endpoint,
-                accept_loopback=self.accept_loopback,
-            )
+            self.master = Master(self.book, self.ctx, documents=self.verification)
         self._spec_known.set()
 
     async def run(self) -> None:
@@ -236,19 +232,7 @@ class Rendezvous(AsyncResource):
             await self._run_worker()
 
     async def _run_worker(self) -> None:
-        worker = Worker(
-            self,
-            self.spec,
-            self.settings,
-            resolver=self.resolver,
-            metrics=self.metrics,
-            client=self._peer_client,
-            endpoint=self._endpoint,
-            peers=self.peers,
-            poked=self._poked,
-            rng=self._rng,
-            accept_loopback=self.accept_loopback,
-        )
+        worker = Worker(self, self._context(), poked=self._poked)
         await worker.run(self._own_member())
 
     def _own_member(self) -> Member:
@@ -345,6 +329,11 @@ class Rendezvous(AsyncResource):
 
     def _phase_detail(self) -> str:
         return next((r.detail or "" for r in self.readiness.phase if r.code == "discovering"), "")
+
+    def _context(self) -> NodeContext:
+        if self.ctx is None:
+            raise RuntimeError("the node's parts before the spec is known")
+        return self.ctx
 
     def _verification(self) -> Verification:
         if self.verification is None:

@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Mapping
 
 from rallypoint import connectivity, netinfo, wire
 from rallypoint.backoff import Backoff
 from rallypoint.clustercheck import GenerationCheck, Transport, cancel_quietly
+from rallypoint.context import NodeContext
 from rallypoint.masterbook import MasterBook
-from rallypoint.metrics import Metrics
-from rallypoint.model import ClusterDoc, ClusterSpec, Env, OverrideSource
-from rallypoint.peers import PeerTable
-from rallypoint.readiness import Readiness
+from rallypoint.model import ClusterDoc, Env, OverrideSource
 from rallypoint.reasons import Reason
-from rallypoint.resolve import Resolver
-from rallypoint.settings import Settings
 from rallypoint.verify import Verifier
 
 # The rendezvous logs under one name, whichever module of it speaks.
@@ -37,46 +32,22 @@ class Verification:
 
     def __init__(
         self,
-        spec: ClusterSpec,
-        settings: Settings,
+        ctx: NodeContext,
         *,
-        resolver: Resolver,
-        metrics: Metrics,
-        readiness: Readiness,
-        peers: PeerTable,
         user: Mapping[str, tuple[str, OverrideSource]],
-        accept_loopback: bool,
         transport: Transport,
         book: MasterBook | None,
         windows: connectivity.Windows | None,
         prober: connectivity.Prober | None,
         on_generation: list[Callable[[ClusterDoc], None]],
-        clock: Callable[[], float],
-        rng: random.Random,
     ) -> None:
-        self.spec = spec
-        self.settings = settings
-        self.metrics = metrics
-        self.readiness = readiness
-        self.peers = peers
+        self.ctx = ctx
         self.book = book
         self.windows = windows
         self._prober = prober
         self._transport = transport
         self._on_generation = on_generation
-        self._rng = rng
-        self._verify = Verifier(
-            spec,
-            settings,
-            resolver=resolver,
-            metrics=metrics,
-            peers=peers,
-            user=user,
-            accept_loopback=accept_loopback,
-            clock=clock,
-            deadline=lambda: readiness.deadline,
-            on_peer_failure=self._show_peer_failure,
-        )
+        self._verify = Verifier(ctx, user=user, on_peer_failure=self._show_peer_failure)
         self.doc: ClusterDoc | None = None
         #: The current generation's checks and the master's verdict on them.
         self.check: GenerationCheck | None = None
@@ -94,12 +65,12 @@ class Verification:
     def accept(self, doc: ClusterDoc) -> None:
         """Act on a new cluster document: not ready until it is verified."""
         if self._last_generation is not None and self._last_generation != doc.generation:
-            self.metrics.generation_changes.inc()
-            if self.readiness.ready:
-                self.readiness.restart_deadline()
+            self.ctx.metrics.generation_changes.inc()
+            if self.ctx.readiness.ready:
+                self.ctx.readiness.restart_deadline()
         self._last_generation = doc.generation
         self.doc = doc
-        self.peers.listed(doc.members)
+        self.ctx.peers.listed(doc.members)
         log.info("cluster_document", extra={"generation": doc.generation})
         for callback in self._on_generation:
             try:
@@ -113,30 +84,35 @@ class Verification:
         if self._verify_task is not None:
             self._verify_task.cancel()
         self.doc = None
-        self.readiness.restart_deadline()
-        self.readiness.not_ready(reason)
+        self.ctx.readiness.restart_deadline()
+        self.ctx.readiness.not_ready(reason)
 
     def recheck(self, host: str) -> None:
         """A known worker joined again: retry a verification that gave up or waits on it."""
         task, doc = self._verify_task, self.doc
-        if self.readiness.ready or doc is None or task is None or self.book is None:
+        if self.ctx.readiness.ready or doc is None or task is None or self.book is None:
             return
         if doc is not self.book.doc:
             return  # a newer document is on its way through run()
-        if task.done() or any(r.host == host for r in self.readiness.phase):
+        if task.done() or any(r.host == host for r in self.ctx.readiness.phase):
             log.info("verification_retry", extra={"trigger": "join", "host": host})
             self._start_verification(doc)
 
     def retry(self) -> None:
         """Retry a verification that gave up (the master poked us)."""
         task = self._verify_task
-        if self.doc is not None and not self.readiness.ready and task is not None and task.done():
+        if (
+            self.doc is not None
+            and not self.ctx.readiness.ready
+            and task is not None
+            and task.done()
+        ):
             self._start_verification(self.doc)
 
     def _start_verification(self, doc: ClusterDoc) -> None:
         if self._verify_task is not None:
             self._verify_task.cancel()
-        self.readiness.not_ready(
+        self.ctx.readiness.not_ready(
             Reason("verifying", f"verifying peer names for generation {doc.generation}")
         )
         self._verify_task = asyncio.create_task(self._verify_and_derive(doc))
@@ -145,14 +121,14 @@ class Verification:
         """Names, env, connections, then the master's cluster-wide verdict: ready."""
         windows = self.windows
         check = GenerationCheck(
-            self.readiness,
-            self.spec,
+            self.ctx.readiness,
+            self.ctx.spec,
             doc,
-            self.settings,
+            self.ctx.settings,
             self._transport,
             net=self.net,
             busy=lambda: frozenset() if windows is None else windows.busy,
-            rng=self._rng,
+            rng=self.ctx.rng,
         )
         self.check = check
         if windows is not None:
@@ -160,11 +136,11 @@ class Verification:
         follow = asyncio.create_task(check.follow())
         probes: asyncio.Task[None] | None = None
         # A steady pause between half and all of RECHECK_S, so nodes do not judge in lockstep.
-        recheck = Backoff(RECHECK_S, RECHECK_S, jitter="half", rng=self._rng)
+        recheck = Backoff(RECHECK_S, RECHECK_S, jitter="half", rng=self.ctx.rng)
         try:
             while True:
                 checked = await self._verify.check(doc)
-                self.readiness.verify_warnings = [checked.warning] if checked.warning else []
+                self.ctx.readiness.verify_warnings = [checked.warning] if checked.warning else []
                 self.net = check.net = await asyncio.to_thread(_net_facts, checked.route_ifname)
                 outcome: Env | Reason = (
                     checked.failures[0] if checked.failures else self._verify.derive(doc, checked)
@@ -175,7 +151,7 @@ class Verification:
                 # fixed /etc/hosts entry or a late DNS record turns the cluster ready
                 # without a restart (a poke or a re-join retries at once).
                 check.update(checked.failures or [outcome])
-                await check.reported(self.settings.resolve_timeout_s)
+                await check.reported(self.ctx.settings.resolve_timeout_s)
                 await recheck.sleep()
             if self._prober is not None:
                 targets = self._targets(doc)
@@ -189,23 +165,23 @@ class Verification:
             else:
                 check.update([], passed=True)
             verdict = await follow
-            self.readiness.verify_warnings += list(verdict.warnings)
+            self.ctx.readiness.verify_warnings += list(verdict.warnings)
             if windows is not None:
                 # Before ready: the job's own listeners must find the held ports free to bind.
                 await windows.close()
-            self.readiness.become_ready(outcome, doc.generation)
+            self.ctx.readiness.become_ready(outcome, doc.generation)
         finally:
             await cancel_quietly(probes)
             await cancel_quietly(follow)
 
     def _targets(self, doc: ClusterDoc) -> list[connectivity.Target]:
         """The connections to try for ``doc``: the master port and the peers in scope."""
-        spec = self.spec
-        ranks = self.peers.in_scope()
+        spec = self.ctx.spec
+        ranks = self.ctx.peers.in_scope()
         addresses = connectivity.verified_addresses(
-            doc, ranks, {rank: self.peers[rank].resolution for rank in ranks}
+            doc, ranks, {rank: self.ctx.peers[rank].resolution for rank in ranks}
         )
-        frameworks = self.settings.frameworks
+        frameworks = self.ctx.settings.frameworks
         return connectivity.plan(
             spec, doc, ranks, addresses, tf="tf" in frameworks, jax="jax" in frameworks
         )
@@ -213,7 +189,12 @@ class Verification:
     def _show_peer_failure(self, doc: ClusterDoc, host: str, reason: Reason) -> None:
         """A peer's first check failed: show and report it now, unless the document moved on."""
         check = self.check
-        if not self.readiness.ready and self.doc is doc and check is not None and check.doc is doc:
+        if (
+            not self.ctx.readiness.ready
+            and self.doc is doc
+            and check is not None
+            and check.doc is doc
+        ):
             current = [r for r in check.local if r.code != "verifying" and r.host != host]
             check.update([*current, reason])
 

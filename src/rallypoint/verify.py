@@ -8,14 +8,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rallypoint import derive, names, netinfo, resolve
+from rallypoint.context import NodeContext
 from rallypoint.errors import OverrideError, TFConfigError
-from rallypoint.metrics import Metrics
-from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSource
+from rallypoint.model import ClusterDoc, Env, Member, OverrideSource
 from rallypoint.names import Resolution
-from rallypoint.peers import PeerTable
 from rallypoint.reasons import Reason
-from rallypoint.resolve import Resolver
-from rallypoint.settings import Settings
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
@@ -46,46 +43,32 @@ class Verifier:
 
     def __init__(
         self,
-        spec: ClusterSpec,
-        settings: Settings,
+        ctx: NodeContext,
         *,
-        resolver: Resolver,
-        metrics: Metrics,
-        peers: PeerTable,
         user: Mapping[str, tuple[str, OverrideSource]],
-        accept_loopback: bool,
-        clock: Callable[[], float],
-        deadline: Callable[[], float],
         on_peer_failure: PeerFailure,
     ) -> None:
-        self.spec = spec
-        self.settings = settings
-        self.resolver = resolver
-        self.metrics = metrics
-        self.peers = peers
+        self.ctx = ctx
         self.user = user
-        self.accept_loopback = accept_loopback
-        self._clock = clock
-        self._deadline = deadline
         self._on_peer_failure = on_peer_failure
 
     async def check(self, doc: ClusterDoc) -> Checked:
         """Resolve our own name and every peer name in scope; what failed and why."""
-        spec = self.spec
+        spec = self.ctx.spec
         ranks = names.scope_ranks(
-            spec.nnodes, spec.rank, self.settings.resolve_scope, seed=doc.session
+            spec.nnodes, spec.rank, self.ctx.settings.resolve_scope, seed=doc.session
         )
         peers = [r for r in ranks if r != spec.rank]
-        self.peers.scope(ranks)
+        self.ctx.peers.scope(ranks)
         own = await self._check_own(doc.members[spec.rank])
         results = await asyncio.gather(*(self._verify_peer(doc, doc.members[r]) for r in peers))
         failures = [r for r in (self._peer_reason(res) for res in results) if r is not None]
         master_ip = self._master_address(doc, own)
         route_ifname = await self._route_ifname(master_ip)
-        ifname = route_ifname if self.settings.emit_ifname is not False else None
+        ifname = route_ifname if self.ctx.settings.emit_ifname is not False else None
         # gloo binds the user's GLOO_SOCKET_IFNAME if set, else the one served here.
         bound = self._user_ifname() or ifname
-        if "jax" in self.settings.frameworks:
+        if "jax" in self.ctx.settings.frameworks:
             bound = None  # JAX's gloo reads no GLOO_SOCKET_IFNAME (docs/env-contract.md)
         self_reason, self_warning = self._judge_own(own, bound)
         if self_reason is not None:
@@ -98,10 +81,10 @@ class Verifier:
 
     def derive(self, doc: ClusterDoc, checked: Checked) -> Env | Reason:
         """The env for a checked document, or why it cannot be derived."""
-        spec = self.spec
+        spec = self.ctx.spec
         master_ip, ifname = checked.master_ip, checked.ifname
-        options = self.settings.derive_options(self.user, master_ip=master_ip, ifname=ifname)
-        if self.settings.master_addr_mode == "ip" and master_ip is None:
+        options = self.ctx.settings.derive_options(self.user, master_ip=master_ip, ifname=ifname)
+        if self.ctx.settings.master_addr_mode == "ip" and master_ip is None:
             return Reason(
                 "resolve_failed",
                 "--master-addr ip: no verified address for the master",
@@ -116,19 +99,19 @@ class Verifier:
 
     async def _check_own(self, member: Member) -> Resolution:
         res = await resolve.check(
-            self.resolver,
-            self.spec.host,
+            self.ctx.resolver,
+            self.ctx.spec.host,
             member.addresses or None,
-            timeout_s=self.settings.resolve_timeout_s,
+            timeout_s=self.ctx.settings.resolve_timeout_s,
         )
-        self.metrics.resolutions.labels(str(res.verdict)).inc()
-        self.peers.resolved(self.spec.rank, res)
+        self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
+        self.ctx.peers.resolved(self.ctx.spec.rank, res)
         return res
 
     def _judge_own(self, res: Resolution, ifname: str | None) -> tuple[Reason | None, str | None]:
         """judge_own for this node; a lone node has no peer to misroute."""
-        accept = self.accept_loopback or self.spec.nnodes == 1
-        return names.judge_own(res, self.settings, accept_loopback=accept, ifname=ifname)
+        accept = self.ctx.accept_loopback or self.ctx.spec.nnodes == 1
+        return names.judge_own(res, self.ctx.settings, accept_loopback=accept, ifname=ifname)
 
     def _user_ifname(self) -> str | None:
         user = self.user.get("GLOO_SOCKET_IFNAME")
@@ -143,37 +126,37 @@ class Verifier:
     async def _verify_peer(self, doc: ClusterDoc, member: Member) -> Resolution:
         expected = member.addresses or None
         res = await resolve.check(
-            self.resolver, member.host, expected, timeout_s=self.settings.resolve_timeout_s
+            self.ctx.resolver, member.host, expected, timeout_s=self.ctx.settings.resolve_timeout_s
         )
-        self.metrics.resolutions.labels(str(res.verdict)).inc()
-        self.peers.resolved(member.rank, res)
+        self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
+        self.ctx.peers.resolved(member.rank, res)
         reason = self._peer_reason(res)
         if reason is None:
             return res
         # Show the first failure at once; the retries below may take until the deadline.
         self._on_peer_failure(doc, member.host, reason)
         res = await resolve.verify(
-            self.resolver,
+            self.ctx.resolver,
             member.host,
             expected,
-            deadline=self._deadline(),
-            timeout_s=self.settings.resolve_timeout_s,
-            backoff_initial_s=self.settings.backoff_initial_s,
-            backoff_max_s=self.settings.backoff_max_s,
-            clock=self._clock,
-            accept_loopback=self.accept_loopback,
+            deadline=self.ctx.readiness.deadline,
+            timeout_s=self.ctx.settings.resolve_timeout_s,
+            backoff_initial_s=self.ctx.settings.backoff_initial_s,
+            backoff_max_s=self.ctx.settings.backoff_max_s,
+            clock=self.ctx.clock,
+            accept_loopback=self.ctx.accept_loopback,
         )
-        self.metrics.resolutions.labels(str(res.verdict)).inc()
-        self.peers.resolved(member.rank, res)
+        self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
+        self.ctx.peers.resolved(member.rank, res)
         return res
 
     def _peer_reason(self, res: Resolution) -> Reason | None:
-        return names.peer_reason(res, accept_loopback=self.accept_loopback)
+        return names.peer_reason(res, accept_loopback=self.ctx.accept_loopback)
 
     def _master_address(self, doc: ClusterDoc, own: Resolution) -> str | None:
         """The master's verified address: resolved here and reported by the master."""
         master = doc.members[0]
-        res = own if self.spec.is_master else self.peers[0].resolution
+        res = own if self.ctx.spec.is_master else self.ctx.peers[0].resolution
         resolved = list(res.addresses) if res is not None else []
         for address in resolved:
             if address in master.addresses:

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from typing import Protocol
 
 from rallypoint import names, resolve, wire
 from rallypoint.backoff import Backoff
+from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
-from rallypoint.metrics import Metrics
-from rallypoint.model import ClusterDoc, ClusterSpec, Member
-from rallypoint.peerhttp import PeerClient, PeerEndpoint
-from rallypoint.peers import PeerTable
+from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason, auth_reason
-from rallypoint.resolve import Resolver
-from rallypoint.settings import Settings
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
@@ -48,47 +43,25 @@ class WorkerNode(Protocol):
 class Worker:
     """One worker's join loop: join, long-poll, re-join on a poke, a lost master or a restart."""
 
-    def __init__(
-        self,
-        node: WorkerNode,
-        spec: ClusterSpec,
-        settings: Settings,
-        *,
-        resolver: Resolver,
-        metrics: Metrics,
-        client: PeerClient,
-        endpoint: PeerEndpoint,
-        peers: PeerTable,
-        poked: asyncio.Event,
-        rng: random.Random,
-        accept_loopback: bool,
-    ) -> None:
+    def __init__(self, node: WorkerNode, ctx: NodeContext, *, poked: asyncio.Event) -> None:
         self.node = node
-        self.spec = spec
-        self.settings = settings
-        self.resolver = resolver
-        self.metrics = metrics
-        self.client = client
-        self._endpoint = endpoint
-        self._peers = peers
+        self.ctx = ctx
         self._poked = poked
-        self._rng = rng
-        self.accept_loopback = accept_loopback
         #: Why the master's last cluster document was refused (forged, tampered, invalid);
         #: kept as the reason until a valid document arrives, so re-joins do not hide it.
         self._refused: Reason | None = None
 
     async def run(self, own: Member) -> None:
         """Join as ``own`` and follow the master's documents until cancelled."""
-        master = self.spec.master
+        master = self.ctx.spec.master
         self.node.not_ready(
             Reason("waiting_for_master", f"joining the master {master}", host=master)
         )
         # Full jitter, and a poke (the master came up, a new generation) ends the pause.
         backoff = Backoff(
-            self.settings.backoff_initial_s,
-            self.settings.backoff_max_s,
-            rng=self._rng,
+            self.ctx.settings.backoff_initial_s,
+            self.ctx.settings.backoff_max_s,
+            rng=self.ctx.rng,
             wake=self._poked,
         )
         epoch: str | None = None
@@ -115,7 +88,7 @@ class Worker:
                 self.node.not_ready(
                     Reason(
                         "waiting_for_cluster",
-                        f"joined {master} as rank {self.spec.rank}; {answer.joined} of "
+                        f"joined {master} as rank {self.ctx.spec.rank}; {answer.joined} of "
                         f"{answer.nnodes} nodes joined so far",
                         host=master,
                     )
@@ -132,7 +105,7 @@ class Worker:
                     self.node.not_ready(problem)
                     after = doc.generation
                     continue
-                if doc.members[self.spec.rank] != own:
+                if doc.members[self.ctx.spec.rank] != own:
                     break  # the master holds stale facts about us (we restarted): re-join
                 after = doc.generation
                 self._refused = None
@@ -141,21 +114,23 @@ class Worker:
     async def _join(
         self, own: Member, after: str | None, backoff: Backoff
     ) -> tuple[tuple[str, int], wire.JoinAnswer]:
-        master = self.spec.master
-        body = wire.encode_join(wire.JoinRequest(self.spec.session, own, after))
+        master = self.ctx.spec.master
+        body = wire.encode_join(wire.JoinRequest(self.ctx.spec.session, own, after))
         while True:
             res = await resolve.check(
-                self.resolver, master, None, timeout_s=self.settings.resolve_timeout_s
+                self.ctx.resolver, master, None, timeout_s=self.ctx.settings.resolve_timeout_s
             )
-            self.metrics.resolutions.labels(str(res.verdict)).inc()
-            self._peers.resolved(0, res)
-            problem = names.master_reason(res, accept_loopback=self.accept_loopback)
+            self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
+            self.ctx.peers.resolved(0, res)
+            problem = names.master_reason(res, accept_loopback=self.ctx.accept_loopback)
             if problem is None:
                 problem = Reason("master_unreachable", f"no address of {master}", host=master)
                 for address in res.addresses:
-                    target = self._endpoint(master, address)
+                    target = self.ctx.endpoint(master, address)
                     try:
-                        answer = await self.client.post_join(target, body, self.spec.session)
+                        answer = await self.ctx.client.post_join(
+                            target, body, self.ctx.spec.session
+                        )
                     except PeerDown as exc:
                         problem = Reason(
                             "master_unreachable",
@@ -169,7 +144,7 @@ class Worker:
                         problem = Reason("join_rejected", str(exc), host=master, detail=exc.code)
                         break
                     except AuthError as exc:
-                        self.metrics.auth_failures.labels(auth_reason(exc)).inc()
+                        self.ctx.metrics.auth_failures.labels(auth_reason(exc)).inc()
                         problem = Reason("auth_failed", str(exc), host=master)
                         break
                     except PeerMessageError as exc:
@@ -177,10 +152,10 @@ class Worker:
                             "master_answer_invalid", f"the master's join answer: {exc}", host=master
                         )
                         break
-                    self.metrics.join_attempts.labels("accepted").inc()
+                    self.ctx.metrics.join_attempts.labels("accepted").inc()
                     self.node.master_problem = None
                     return target, answer
-            self.metrics.join_attempts.labels(problem.code).inc()
+            self.ctx.metrics.join_attempts.labels(problem.code).inc()
             if self.node.ready:
                 self.node.master_problem = problem
             else:
@@ -189,7 +164,7 @@ class Worker:
 
     async def _poll(self, target: tuple[str, int], after: str | None) -> ClusterDoc | None:
         """One long-poll; the document, None on timeout, _Rejoin on a poke or lost master."""
-        poll = asyncio.ensure_future(self.client.get_cluster(target, after))
+        poll = asyncio.ensure_future(self.ctx.client.get_cluster(target, after))
         poked = asyncio.ensure_future(self._poked.wait())
         try:
             await asyncio.wait({poll, poked}, return_when=asyncio.FIRST_COMPLETED)
@@ -203,16 +178,16 @@ class Worker:
         try:
             return poll.result()
         except (PeerDown, JoinRejected) as exc:
-            log.info("master_lost", extra={"master": self.spec.master, "error": str(exc)})
+            log.info("master_lost", extra={"master": self.ctx.spec.master, "error": str(exc)})
             raise _Rejoin(str(exc)) from exc
         except AuthError as exc:
-            self.metrics.auth_failures.labels(auth_reason(exc)).inc()
-            self._refused = Reason("auth_failed", str(exc), host=self.spec.master)
+            self.ctx.metrics.auth_failures.labels(auth_reason(exc)).inc()
+            self._refused = Reason("auth_failed", str(exc), host=self.ctx.spec.master)
             self.node.not_ready(self._refused)
             raise _Rejoin(str(exc)) from exc
         except PeerMessageError as exc:
             self._refused = Reason(
-                "master_answer_invalid", f"cluster document: {exc}", host=self.spec.master
+                "master_answer_invalid", f"cluster document: {exc}", host=self.ctx.spec.master
             )
             self.node.not_ready(self._refused)
             raise _Rejoin(str(exc)) from exc
@@ -220,12 +195,14 @@ class Worker:
     def _foreign(self, doc: ClusterDoc) -> Reason | None:
         """Why a document does not describe our session's spec, or None."""
         hosts = tuple(m.host.lower() for m in doc.members)
-        if doc.session != self.spec.session or hosts != tuple(h.lower() for h in self.spec.hosts):
+        if doc.session != self.ctx.spec.session or hosts != tuple(
+            h.lower() for h in self.ctx.spec.hosts
+        ):
             return Reason(
                 "spec_mismatch",
                 f"the master's cluster document lists {len(hosts)} hosts for session "
                 f"{doc.session!r}, which differs from this node's spec; give every node the "
                 "same node list",
-                host=self.spec.master,
+                host=self.ctx.spec.master,
             )
         return None

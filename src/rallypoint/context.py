@@ -1,0 +1,37 @@
+"""What every part of one node's rendezvous shares: spec, settings, seams and state tables."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rallypoint.metrics import Metrics
+    from rallypoint.model import ClusterSpec
+    from rallypoint.peerhttp import PeerClient, PeerEndpoint
+    from rallypoint.peers import PeerTable
+    from rallypoint.readiness import Readiness
+    from rallypoint.resolve import Resolver
+    from rallypoint.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """Built once the spec names every host; the master, worker and verification read it."""
+
+    spec: ClusterSpec
+    settings: Settings
+    resolver: Resolver
+    metrics: Metrics
+    readiness: Readiness
+    peers: PeerTable
+    #: Signed requests to other nodes' peer APIs.
+    client: PeerClient
+    #: (host name, verified address) -> where that node's peer API answers.
+    endpoint: PeerEndpoint
+    #: The spec or --allow-loopback says a name on loopback is fine (one host).
+    accept_loopback: bool
+    clock: Callable[[], float]
+    rng: random.Random
