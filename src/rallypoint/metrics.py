@@ -2,30 +2,125 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.registry import Collector
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["Family", "Metrics", "Sample", "content_type"]
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+def content_type() -> str:
+    """The Content-Type of render()'s output (it follows the installed prometheus_client)."""
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    return CONTENT_TYPE_LATEST
+
+
+class Sample:
+    """One labelled counter or gauge: a plain number until the registry exists, then its child."""
+
+    __slots__ = ("_created", "_family", "_real", "_value")
+
+    def __init__(self, family: Family) -> None:
+        self._family = family
+        self._value = 0.0
+        self._created = time.time()
+        self._real: Any = None
+
+    def inc(self, amount: float = 1) -> None:
+        """Add amount (counters: never negative, as prometheus_client insists)."""
+        if self._real is not None:
+            self._real.inc(amount)
+        elif amount < 0 and self._family.kind == "counter":
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        else:
+            self._value += amount
+
+    def set(self, value: float) -> None:
+        """Set a gauge's value."""
+        if self._family.kind != "gauge":
+            raise AttributeError("only a gauge can be set")
+        if self._real is not None:
+            self._real.set(value)
+        else:
+            self._value = float(value)
+
+    def _attach(self, real: Any) -> None:
+        # The counts so far move into the registry's child, and so does the child's birth:
+        # `_created` is what prometheus_client itself sets when the child comes to be.
+        if self._family.kind == "gauge":
+            real.set(self._value)
+        else:
+            real.inc(self._value)
+            real._created = self._created
+        self._real = real
+
+
+class Family:
+    """A metric and its labelled samples, counted in plain numbers until the first scrape.
+
+    The middleware counts every request, the first `/livez` included: building the registry
+    then would put prometheus_client's import on the path to the first answer.
+    """
+
+    def __init__(
+        self, kind: Literal["counter", "gauge"], name: str, doc: str, *labels: str
+    ) -> None:
+        self.kind = kind
+        self.name = name
+        self.doc = doc
+        self.label_names = labels
+        self._samples: dict[tuple[str, ...], Sample] = {}
+        self._real: Any = None
+        if not labels:
+            self._samples[()] = Sample(self)
+
+    def labels(self, *values: object) -> Sample:
+        """The sample for these label values (made on first use, as prometheus_client does)."""
+        if len(values) != len(self.label_names) or not values:
+            raise ValueError(f"{self.name}: incorrect label count")
+        key = tuple(str(value) for value in values)
+        sample = self._samples.get(key)
+        if sample is None:
+            sample = self._samples[key] = Sample(self)
+            if self._real is not None:
+                sample._attach(self._real.labels(*key))
+        return sample
+
+    def inc(self, amount: float = 1) -> None:
+        """Increment an unlabelled counter."""
+        self._samples[()].inc(amount)
+
+    def set(self, value: float) -> None:
+        """Set an unlabelled gauge."""
+        self._samples[()].set(value)
+
+    def _register(self, registry: CollectorRegistry) -> None:
+        from prometheus_client import Counter, Gauge
+
+        kind = Counter if self.kind == "counter" else Gauge
+        real = kind(self.name, self.doc, self.label_names, registry=registry)
+        for key, sample in self._samples.items():
+            sample._attach(real.labels(*key) if key else real)
+        self._real = real
 
 
 class Metrics:
-    """The sidecar's counters and gauges; several instances coexist in one process."""
+    """The sidecar's counters and gauges; several instances coexist in one process.
+
+    prometheus_client is imported, and the registry built, on the first render() or value().
+    """
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-
         # Full metric names stay spelled out, so a dashboard's name greps to its definition.
-        def counter(name: str, description: str, *labels: str) -> Counter:
-            return Counter(name, description, labels, registry=r)
+        def counter(name: str, description: str, *labels: str) -> Family:
+            return Family("counter", name, description, *labels)
 
-        self.ready = Gauge("rallypoint_ready", "1 when /env serves, else 0", registry=r)
+        self.ready = Family("gauge", "rallypoint_ready", "1 when /env serves, else 0")
         self.ready_transitions = counter(
             "rallypoint_ready_transitions", "Readiness changes, by new state", "to"
         )
@@ -66,16 +161,44 @@ class Metrics:
             "Connections to this node's probe windows, by result (answered, garbage ...)",
             "result",
         )
-        self._request_children: dict[tuple[str, str, int], Counter] = {}
+        self._request_children: dict[tuple[str, str, int], Sample] = {}
         #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).
         self.mdns_rejections: Callable[[], Mapping[str, int]] = dict
-        r.register(_MdnsRejections(self))
+        self._registry: CollectorRegistry | None = None
 
-    def request_counter(self, api: str, route: str, status: int) -> Counter:
-        """The rallypoint_http_requests child for these labels, resolved once and cached.
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The Prometheus registry, built (with every count so far) on first use."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
 
-        ``labels()`` takes a lock and builds a key on every call: too much per request.
-        The label sets are few (the routes are fixed, statuses a handful).
+            registry = CollectorRegistry(auto_describe=True)
+            # Registration order is exposition order: the same as when built up front.
+            for family in (
+                self.ready,
+                self.ready_transitions,
+                self.generation_changes,
+                self.joins,
+                self.join_attempts,
+                self.auth_failures,
+                self.resolutions,
+                self.requests,
+                self.pokes_received,
+                self.pokes_sent,
+                self.mdns_wakeups,
+                self.probes_sent,
+                self.probes_answered,
+            ):
+                family._register(registry)
+            registry.register(_mdns_rejections(self))
+            self._registry = registry
+        return self._registry
+
+    def request_counter(self, api: str, route: str, status: int) -> Sample:
+        """The rallypoint_http_requests sample for these labels, resolved once and cached.
+
+        Building a label key on every request costs too much; the label sets are few (the
+        routes are fixed, statuses a handful).
         """
         key = (api, route, status)
         child = self._request_children.get(key)
@@ -86,6 +209,8 @@ class Metrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
+        from prometheus_client import generate_latest
+
         return generate_latest(self.registry)
 
     def value(self, name: str, **labels: str) -> float:
@@ -94,18 +219,20 @@ class Metrics:
         return 0.0 if sample is None else sample
 
 
-class _MdnsRejections(Collector):
+def _mdns_rejections(metrics: Metrics) -> Any:
     """rallypoint_mdns_rejected_total{reason}: counted by mdns/browse.py, exposed at scrape time."""
+    from prometheus_client.core import CounterMetricFamily
+    from prometheus_client.registry import Collector
 
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
+    class MdnsRejections(Collector):
+        def collect(self) -> Iterator[Metric]:
+            family = CounterMetricFamily(
+                "rallypoint_mdns_rejected",
+                "mDNS announcements dropped, by reason (malformed, session, host, signature)",
+                labels=["reason"],
+            )
+            for reason, count in sorted(metrics.mdns_rejections().items()):
+                family.add_metric([reason], count)
+            yield family
 
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
-            "rallypoint_mdns_rejected",
-            "mDNS announcements dropped, by reason (malformed, session, host, signature)",
-            labels=["reason"],
-        )
-        for reason, count in sorted(self._metrics.mdns_rejections().items()):
-            family.add_metric([reason], count)
-        yield family
+    return MdnsRejections()

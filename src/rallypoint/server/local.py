@@ -8,7 +8,7 @@ from aiohttp import web
 
 from rallypoint import hostfile, render
 from rallypoint.errors import HostfileError
-from rallypoint.metrics import CONTENT_TYPE
+from rallypoint.metrics import content_type
 from rallypoint.model import Env
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous import Rendezvous
@@ -124,5 +124,5 @@ async def _status(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     headers = dict(NO_STORE)
-    headers["Content-Type"] = CONTENT_TYPE
+    headers["Content-Type"] = content_type()
     return web.Response(body=request.app[NODE].metrics.render(), headers=headers)
