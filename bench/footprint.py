@@ -7,10 +7,16 @@ sidecar would multicast on this host's interfaces.
 
     python bench/footprint.py            # 20 starts, 100k requests
     python bench/footprint.py --quick    # 5 starts, 20k requests
+    python bench/footprint.py --starts-only --against /tmp/old   # A/B: another checkout too
+
+Every start reads byte code, as an installed wheel does: rallypoint's sources (and those of
+--against) are byte-compiled first, because with PYTHONDONTWRITEBYTECODE=1 an editable
+checkout would otherwise compile each of its modules again at every start.
 """
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import shutil
@@ -26,14 +32,20 @@ from local_api import wrk
 IMAGES = ("rallypoint:local", "rallypoint:0.1.0")
 
 
-def start_time(argv: list[str], port: int, path: str) -> float:
+def start_time(argv: list[str], port: int, path: str, env: dict[str, str] | None = None) -> float:
     """Seconds from spawn to the first 200 on path; the process is stopped afterwards."""
     t0 = time.monotonic()
-    proc = common.spawn(argv)
+    proc = common.spawn(argv, env=env)
     try:
         return common.wait_status(port, path, timeout_s=20.0) - t0
     finally:
         common.stop(proc)
+
+
+def byte_compile(src: Path) -> None:
+    """Write the byte code of the rallypoint package under src (a checkout's src/)."""
+    if not compileall.compile_dir(src / "rallypoint", quiet=1):
+        raise SystemExit(f"could not byte-compile {src / 'rallypoint'}")
 
 
 def image_size() -> dict[str, object]:
@@ -63,13 +75,28 @@ def main() -> None:
         action="store_true",
         help="only the start-up comparison (no wrk needed): bench/results/footprint-starts.json",
     )
+    p.add_argument(
+        "--against",
+        type=Path,
+        metavar="CHECKOUT",
+        help="with --starts-only: also start `serve` from this checkout (its src/ first on "
+        "PYTHONPATH), interleaved, and report its gap too (an A/B of two versions in one run)",
+    )
     args = p.parse_args()
+    if args.against and not args.starts_only:
+        p.error("--against needs --starts-only")
     if args.quick:
         args.starts, args.requests = 5, 20_000
     tmp = Path(tempfile.mkdtemp(prefix="rp-bench-"))
 
+    byte_compile(common.REPO / "src")
+    other_env = None
+    if args.against:
+        byte_compile(args.against / "src")
+        other_env = common.quiet_environ({"PYTHONPATH": str(args.against.resolve() / "src")})
+
     # Start-up, interleaved with the bare server so both see the same machine load.
-    side_starts, bare_starts = [], []
+    side_starts, bare_starts, other_starts = [], [], []
     body = tmp / "env.json"
     body.write_text('{"MASTER_ADDR": "127.0.0.1"}')
     for i in range(args.starts):
@@ -83,13 +110,19 @@ def main() -> None:
                 "/env",
             )
         )
-        print(
+        line = (
             f"start {i}: sidecar {side_starts[-1] * 1000:6.0f} ms, "
             f"bare aiohttp {bare_starts[-1] * 1000:6.0f} ms"
         )
+        if other_env is not None:
+            lp, pp = common.free_port(), common.free_port()
+            argv = common.serve_argv(lp, pp)
+            other_starts.append(start_time(argv, lp, "/livez", env=other_env))
+            line += f", --against {other_starts[-1] * 1000:6.0f} ms"
+        print(line)
 
     if args.starts_only:
-        report_starts(side_starts, bare_starts, args.starts)
+        report_starts(side_starts, bare_starts, args.starts, other_starts, args.against)
         return
 
     # Memory: idle once ready, then after the requests.
@@ -156,12 +189,33 @@ def main() -> None:
         plot(side_starts, bare_starts, rss_idle, rss_loaded, peak)
 
 
-def report_starts(side: list[float], bare: list[float], starts: int) -> None:
+def report_starts(
+    side: list[float],
+    bare: list[float],
+    starts: int,
+    other: list[float],
+    against: Path | None,
+) -> None:
     """The start-up figures alone, with the gap to the bare server taken start by start."""
     start = common.summary(side, 1000)
     floor = common.summary(bare, 1000)
     gaps = [s - b for s, b in zip(side, bare, strict=True)]
     gap = common.summary(gaps, 1000)
+    compared: dict[str, object] = {}
+    if against is not None:
+        other_start = common.summary(other, 1000)
+        other_gap = common.summary([o - b for o, b in zip(other, bare, strict=True)], 1000)
+        compared = {
+            "against": {
+                "checkout": str(against),
+                "start_to_livez_ms": other_start,
+                "gap_ms": other_gap,
+            }
+        }
+        print(
+            f"\n--against {against}: p50 {other_start['p50']:.0f} ms; "
+            f"pairwise gap p50 {other_gap['p50']:.0f} ms p99 {other_gap['p99']:.0f} ms"
+        )
     targets = {
         "start_gap_ms_p50": {
             "value": gap["p50"],
@@ -175,15 +229,17 @@ def report_starts(side: list[float], bare: list[float], starts: int) -> None:
     )
     for name, t in targets.items():
         print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict'].upper()}")
+    command = f"python bench/footprint.py --starts-only --starts {starts}"
     common.write_summary(
         "footprint-starts",
         {
-            "command": f"python bench/footprint.py --starts-only --starts {starts}",
+            "command": command + (" --against CHECKOUT" if against else ""),
             "load_avg_1m": round(os.getloadavg()[0], 1),
             "start_to_livez_ms": start,
             "bare_aiohttp_start_ms": floor,
             "gap_ms": gap,
             "targets": targets,
+            **compared,
         },
     )
 
