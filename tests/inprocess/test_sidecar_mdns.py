@@ -18,6 +18,7 @@ import pytest
 
 from rallypoint import providers
 from rallypoint.auth import Authenticator
+from rallypoint.errors import ClusterSpecError
 from rallypoint.mdns.announce import Mdns
 from rallypoint.model import ClusterSpec
 from rallypoint.sidecar import Sidecar
@@ -224,3 +225,40 @@ async def test_the_masters_announcement_wakes_a_worker_out_of_its_backoff(
     await until(lambda: master.node.peers[1].joined, "the worker's join")
     assert master.metrics.value("rallypoint_pokes_sent_total", result="accepted") == 0
     assert worker.metrics.value("rallypoint_mdns_wakeups_total") >= 1
+
+
+def _unusable_mdns(hostname: str, discovery: bool) -> Sidecar:
+    """A sidecar whose mDNS cannot start (its only interface does not exist)."""
+    environ = {"HOSTNAME": hostname, "RALLYPOINT_SESSION": "no-multicast"}
+    if discovery:
+        environ |= {"RALLYPOINT_DISCOVERY": "mdns", "RALLYPOINT_NNODES": "2"}
+    settings = fast_settings(
+        local_port=free_port(),
+        peer_port=free_port(),
+        mdns=True,
+        mdns_interfaces=("rp-no-such-if0",),
+    )
+    return Sidecar(settings, environ, resolver=FakeResolver({hostname: [address(hostname)]}))
+
+
+async def test_without_a_host_list_unavailable_mdns_fails_the_start_before_listening() -> None:
+    sidecar = _unusable_mdns("node-a", discovery=True)
+    with pytest.raises(ClusterSpecError, match="mDNS is unavailable"):
+        await sidecar.start()
+    assert sidecar.listeners is None
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await http.get(f"http://127.0.0.1:{sidecar.settings.local_port}/livez")
+
+
+async def test_with_a_host_list_unavailable_mdns_leaves_http_serving() -> None:
+    sidecar = _unusable_mdns("node-a", discovery=False)
+    async with sidecar:
+        url = f"http://127.0.0.1:{sidecar.settings.local_port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/livez") as resp:
+                assert resp.status == 200
+            async with http.get(f"{url}/status") as resp:
+                mdns = (await resp.json())["mdns"]
+        assert mdns["enabled"] is True
+        assert mdns["available"] is False
