@@ -93,11 +93,17 @@ class Family:
 
     def inc(self, amount: float = 1) -> None:
         """Increment an unlabelled counter."""
-        self._samples[()].inc(amount)
+        self._unlabelled().inc(amount)
 
     def set(self, value: float) -> None:
         """Set an unlabelled gauge."""
-        self._samples[()].set(value)
+        self._unlabelled().set(value)
+
+    def _unlabelled(self) -> Sample:
+        sample = self._samples.get(())
+        if sample is None:
+            raise ValueError(f"{self.name} is missing label values")
+        return sample
 
     def _register(self, registry: CollectorRegistry) -> None:
         from prometheus_client import Counter, Gauge

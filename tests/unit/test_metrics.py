@@ -75,6 +75,8 @@ def test_counters_refuse_what_prometheus_client_refuses(registry_first: bool) ->
         metrics.joins.labels("accepted", "extra")
     with pytest.raises(ValueError):
         metrics.pokes_received.labels("unexpected")
+    with pytest.raises(ValueError):
+        metrics.joins.inc()  # a labelled counter has no unlabelled sample
 
 
 PROBE = """
