@@ -21,50 +21,35 @@ def content_type() -> str:
 
 
 class Sample:
-    """One labelled counter or gauge: a plain number until the registry exists, then its child."""
+    """One labelled counter or gauge: a plain number, read by the registry at scrape time."""
 
-    __slots__ = ("_created", "_family", "_real", "_value")
+    __slots__ = ("_created", "_family", "_value")
 
     def __init__(self, family: Family) -> None:
         self._family = family
         self._value = 0.0
+        #: When the sample came to be: exposed as <name>_created, as prometheus_client does.
         self._created = time.time()
-        self._real: Any = None
 
     def inc(self, amount: float = 1) -> None:
         """Add amount (counters: never negative, as prometheus_client insists)."""
-        if self._real is not None:
-            self._real.inc(amount)
-        elif amount < 0 and self._family.kind == "counter":
+        if amount < 0 and self._family.kind == "counter":
             raise ValueError("Counters can only be incremented by non-negative amounts.")
-        else:
-            self._value += amount
+        self._value += amount
 
     def set(self, value: float) -> None:
         """Set a gauge's value."""
         if self._family.kind != "gauge":
             raise AttributeError("only a gauge can be set")
-        if self._real is not None:
-            self._real.set(value)
-        else:
-            self._value = float(value)
-
-    def _attach(self, real: Any) -> None:
-        # The counts so far move into the registry's child, and so does the child's birth:
-        # `_created` is what prometheus_client itself sets when the child comes to be.
-        if self._family.kind == "gauge":
-            real.set(self._value)
-        else:
-            real.inc(self._value)
-            real._created = self._created
-        self._real = real
+        self._value = float(value)
 
 
 class Family:
-    """A metric and its labelled samples, counted in plain numbers until the first scrape.
+    """A metric and its labelled samples, kept in plain numbers and collected at scrape time.
 
-    The middleware counts every request, the first `/livez` included: building the registry
-    then would put prometheus_client's import on the path to the first answer.
+    The middleware counts every request, the first `/livez` included: prometheus_client
+    objects would put its import on the path to the first answer, so it is imported only by
+    the registry, which reads these numbers when scraped.
     """
 
     def __init__(
@@ -75,7 +60,6 @@ class Family:
         self.doc = doc
         self.label_names = labels
         self._samples: dict[tuple[str, ...], Sample] = {}
-        self._real: Any = None
         if not labels:
             self._samples[()] = Sample(self)
 
@@ -87,8 +71,6 @@ class Family:
         sample = self._samples.get(key)
         if sample is None:
             sample = self._samples[key] = Sample(self)
-            if self._real is not None:
-                sample._attach(self._real.labels(*key))
         return sample
 
     def inc(self, amount: float = 1) -> None:
@@ -105,14 +87,20 @@ class Family:
             raise ValueError(f"{self.name} is missing label values")
         return sample
 
-    def _register(self, registry: CollectorRegistry) -> None:
-        from prometheus_client import Counter, Gauge
+    def collect(self) -> Metric:
+        """This family as prometheus_client's exposition sees it, counts as they are now."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        kind = Counter if self.kind == "counter" else Gauge
-        real = kind(self.name, self.doc, self.label_names, registry=registry)
-        for key, sample in self._samples.items():
-            sample._attach(real.labels(*key) if key else real)
-        self._real = real
+        labels = list(self.label_names)
+        if self.kind == "gauge":
+            gauge = GaugeMetricFamily(self.name, self.doc, labels=labels)
+            for key, sample in list(self._samples.items()):
+                gauge.add_metric(list(key), sample._value)
+            return gauge
+        counter = CounterMetricFamily(self.name, self.doc, labels=labels)
+        for key, sample in list(self._samples.items()):
+            counter.add_metric(list(key), sample._value, created=sample._created)
+        return counter
 
 
 class Metrics:
@@ -180,25 +168,14 @@ class Metrics:
 
             registry = CollectorRegistry(auto_describe=True)
             # Registration order is exposition order: the same as when built up front.
-            for family in (
-                self.ready,
-                self.ready_transitions,
-                self.generation_changes,
-                self.joins,
-                self.join_attempts,
-                self.auth_failures,
-                self.resolutions,
-                self.requests,
-                self.pokes_received,
-                self.pokes_sent,
-                self.mdns_wakeups,
-                self.probes_sent,
-                self.probes_answered,
-            ):
-                family._register(registry)
+            registry.register(_families_collector(self._families()))
             registry.register(_mdns_rejections(self))
             self._registry = registry
         return self._registry
+
+    def _families(self) -> list[Family]:
+        # Exposition order: as the metrics are defined above.
+        return [value for value in vars(self).values() if isinstance(value, Family)]
 
     def request_counter(self, api: str, route: str, status: int) -> Sample:
         """The rallypoint_http_requests sample for these labels, resolved once and cached.
@@ -223,6 +200,18 @@ class Metrics:
         """One sample's current value (0.0 when absent): for /status and tests."""
         sample = self.registry.get_sample_value(name, labels)
         return 0.0 if sample is None else sample
+
+
+def _families_collector(families: list[Family]) -> Any:
+    """One collector for every family: reads the plain counts at each scrape."""
+    from prometheus_client.registry import Collector
+
+    class Families(Collector):
+        def collect(self) -> Iterator[Metric]:
+            for family in families:
+                yield family.collect()
+
+    return Families()
 
 
 def _mdns_rejections(metrics: Metrics) -> Any:

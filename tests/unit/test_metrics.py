@@ -1,4 +1,4 @@
-"""Metrics count in plain numbers until the first scrape, then expose exactly the same."""
+"""Metrics count in plain numbers; the registry, built on the first scrape, exposes the same."""
 
 from __future__ import annotations
 
