@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from rallypoint.metrics import Metrics
 from rallypoint.model import Env
@@ -150,46 +149,3 @@ class Readiness:
         self.metrics.ready.set(1 if self._ready else 0)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
-
-
-T = TypeVar("T")
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-class HasReadiness(Protocol):
-    """An object that answers for a Readiness (the Rendezvous) under the same names."""
-
-    readiness: Readiness
-
-
-class ReadinessAttribute(Generic[T]):
-    """A class attribute read and set on the instance's Readiness, under the same name."""
-
-    def __set_name__(self, owner: type[object], name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, node: None, owner: type[object]) -> ReadinessAttribute[T]: ...
-    @overload
-    def __get__(self, node: HasReadiness, owner: type[object]) -> T: ...
-    def __get__(self, node: HasReadiness | None, owner: type[object]) -> T | ReadinessAttribute[T]:
-        if node is None:
-            return self
-        value: T = getattr(node.readiness, self._name)
-        return value
-
-    def __set__(self, node: HasReadiness, value: T) -> None:
-        setattr(node.readiness, self._name, value)
-
-
-def readiness_method(
-    method: Callable[Concatenate[Readiness, P], R],
-) -> Callable[Concatenate[HasReadiness, P], R]:
-    """A method that calls the instance's Readiness's ``method`` with the same arguments."""
-
-    def call(node: HasReadiness, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return method(node.readiness, *args, **kwargs)
-
-    call.__doc__ = method.__doc__
-    return call

@@ -34,7 +34,7 @@ from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSourc
 from rallypoint.peerhttp import PeerClient, PeerEndpoint
 from rallypoint.peers import PeerTable
 from rallypoint.ports import HeldPort
-from rallypoint.readiness import Readiness, ReadinessAttribute, readiness_method
+from rallypoint.readiness import Readiness
 from rallypoint.reasons import Reason, discovering_reason
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
@@ -46,18 +46,6 @@ log = logging.getLogger(__name__)
 
 class Rendezvous(AsyncResource):
     """One node's side of the rendezvous, its readiness and everything /status shows."""
-
-    # What the APIs, the join loop and the demo read and set of the node's readiness, under
-    # the names they have always used; readiness.py documents each.
-    ready: ReadinessAttribute[bool] = ReadinessAttribute()
-    env: ReadinessAttribute[Env | None] = ReadinessAttribute()
-    master_problem: ReadinessAttribute[Reason | None] = ReadinessAttribute()
-    static_warnings: ReadinessAttribute[list[str]] = ReadinessAttribute()
-    ready_after_s: ReadinessAttribute[float | None] = ReadinessAttribute()
-    reasons = readiness_method(Readiness.reasons)
-    warnings = readiness_method(Readiness.warnings)
-    wait_ready = readiness_method(Readiness.wait_ready)
-    not_ready = readiness_method(Readiness.not_ready)
 
     def __init__(
         self,
@@ -247,6 +235,49 @@ class Rendezvous(AsyncResource):
         )
 
     # -- readiness (what the APIs serve) ---------------------------------------------------
+
+    # -- readiness, under the names the APIs, the join loop and the demo have always used ----
+
+    @property
+    def ready(self) -> bool:
+        return self.readiness.ready
+
+    @property
+    def env(self) -> Env | None:
+        return self.readiness.env
+
+    @property
+    def master_problem(self) -> Reason | None:
+        return self.readiness.master_problem
+
+    @master_problem.setter
+    def master_problem(self, problem: Reason | None) -> None:
+        self.readiness.master_problem = problem
+
+    @property
+    def static_warnings(self) -> list[str]:
+        """Warnings fixed at start (no token ...): append to show one in /status."""
+        return self.readiness.static_warnings
+
+    @property
+    def ready_after_s(self) -> float | None:
+        """Seconds from start to the first ready, None before."""
+        return self.readiness.ready_after_s
+
+    def reasons(self) -> list[Reason]:
+        """Why the node is not ready (empty when ready)."""
+        return self.readiness.reasons()
+
+    def warnings(self) -> list[str]:
+        return self.readiness.warnings()
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until ready, shutting down or ``timeout_s`` passed; whether the node is ready."""
+        return await self.readiness.wait_ready(timeout_s)
+
+    def not_ready(self, *reasons: Reason) -> None:
+        """Turn (or stay) not ready for ``reasons``; ignored once shutting down."""
+        self.readiness.not_ready(*reasons)
 
     @property
     def doc(self) -> ClusterDoc | None:
