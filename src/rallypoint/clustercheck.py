@@ -41,15 +41,53 @@ def local_transport(book: MasterBook, long_poll_s: float) -> Transport:
     """The master reports to its own book."""
 
     async def send(report: wire.Report) -> wire.Verdict:
-        verdict = book.report(report)
-        # A node that passed has nothing to act on until the verdict lands or a failure
-        # appears: hold its answer (one request per node on the happy path, not two).
-        quiet = report.passed and not verdict.verified and not verdict.failures
-        if verdict.version != report.seen and not quiet:
-            return verdict
-        return await book.wait_verdict(report.generation, verdict.version, long_poll_s)
+        return await answer_reports(
+            book,
+            (report,),
+            generation=report.generation,
+            seen=report.seen,
+            hold=True,
+            long_poll_s=long_poll_s,
+        )
 
     return send
+
+
+async def answer_reports(
+    book: MasterBook,
+    reports: Sequence[wire.Report],
+    *,
+    generation: str,
+    seen: int,
+    hold: bool,
+    long_poll_s: float,
+) -> wire.Verdict:
+    """Record reports (one node's, or a relay's batch); the verdict, held while it is quiet.
+
+    JoinRejected (409 stale_generation) when ``generation`` is not the current document's.
+    """
+    for report in reports:
+        book.report(report)  # checks each: session, rank and host, generation
+    verdict = book.verdict
+    if verdict is None or verdict.generation != generation:  # an empty batch: a pure poll
+        current = None if book.doc is None else book.doc.generation
+        raise JoinRejected(
+            409,
+            "stale_generation",
+            f"report for generation {generation}, but the current one is {current}; "
+            "fetch the new cluster document",
+        )
+    # A node that passed has nothing to act on until the verdict lands or a failure
+    # appears: hold its answer (one request per node on the happy path, not two).
+    quiet = (
+        hold
+        and all(report.passed for report in reports)
+        and not verdict.verified
+        and not verdict.failures
+    )
+    if verdict.version != seen and not quiet:
+        return verdict
+    return await book.wait_verdict(generation, verdict.version, long_poll_s)
 
 
 def http_transport(client: PeerClient, target: Callable[[], tuple[str, int] | None]) -> Transport:

@@ -7,8 +7,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from rallypoint import names, resolve, wire
-from rallypoint.clustercheck import local_transport
+from rallypoint import fanout, names, resolve, wire, wirebatch
+from rallypoint.clustercheck import answer_reports
 from rallypoint.context import NodeContext
 from rallypoint.errors import JoinRejected, PeerDown
 from rallypoint.masterbook import MasterBook
@@ -82,8 +82,13 @@ class Master:
                     self._poke_workers()
 
     def _poke_workers(self) -> None:
-        for host in self.ctx.spec.hosts[1:]:
-            self._spawn(self._poke(host))
+        # In a fan-out tree the master pokes its own group and the relays; each relay pokes
+        # its group in turn (relay.py), so no node sends thousands of pokes.
+        spec = self.ctx.spec
+        size = fanout.group_size(spec.nnodes, self.ctx.settings.relay_group_size)
+        ranks = range(1, spec.nnodes) if size == 0 else range(1, size)
+        for rank in [*ranks, *fanout.relays(size, spec.nnodes)]:
+            self._spawn(self._poke(spec.hosts[rank]))
 
     def _waiting_reason(self, book: MasterBook) -> Reason:
         missing = book.missing()
@@ -112,6 +117,10 @@ class Master:
         _log_join(request.member, remote, before, len(book.members), self.ctx.spec.nnodes)
         if book.doc is None:
             self.ctx.readiness.not_ready(self._waiting_reason(book))
+        return self._answer()
+
+    def _answer(self) -> wire.JoinAnswer:
+        book = self.book
         return wire.JoinAnswer(
             session=self.ctx.spec.session,
             epoch=self.epoch,
@@ -120,13 +129,54 @@ class Master:
             nnodes=self.ctx.spec.nnodes,
         )
 
+    def handle_joins(self, batch: wirebatch.JoinBatch, remote: str | None) -> wire.JoinAnswer:
+        """Record a relay's batch of its group's joins, all or none; JoinRejected when refused."""
+        book = self.book
+        requests = [wire.JoinRequest(batch.session, member) for member in batch.members]
+        try:
+            for request in requests:
+                book.check(request)
+        except JoinRejected:
+            self.ctx.metrics.joins.labels("rejected").inc(len(requests))
+            raise
+        self.ctx.metrics.joins.labels("accepted").inc(len(requests))
+        nnodes = self.ctx.spec.nnodes
+        for member in batch.members:
+            before = len(book.members)
+            changed = book.record(member)
+            self.ctx.peers.joined(member, remote, self.ctx.readiness.uptime_s)
+            if not changed:
+                self.documents.recheck(member.host)
+            _log_join(member, remote, before, len(book.members), nnodes)
+        if book.doc is None:
+            self.ctx.readiness.not_ready(self._waiting_reason(book))
+        return self._answer()
+
+    async def handle_reports(self, batch: wirebatch.ReportBatch) -> wire.Verdict:
+        """Record a relay's batch of its group's reports; the verdict, long-polled like one."""
+        return await answer_reports(
+            self.book,
+            batch.reports,
+            generation=batch.generation,
+            seen=batch.seen,
+            hold=batch.hold,
+            long_poll_s=self.ctx.settings.long_poll_s,
+        )
+
     async def handle_cluster(self, after: str | None) -> ClusterDoc | None:
         """Long-poll for a document newer than ``after``; None on timeout."""
         return await self.book.wait(after, self.ctx.settings.long_poll_s)
 
     async def handle_report(self, report: wire.Report) -> wire.Verdict:
         """Record a node's checks; the verdict, long-polled while unchanged."""
-        return await local_transport(self.book, self.ctx.settings.long_poll_s)(report)
+        return await answer_reports(
+            self.book,
+            (report,),
+            generation=report.generation,
+            seen=report.seen,
+            hold=True,
+            long_poll_s=self.ctx.settings.long_poll_s,
+        )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -134,20 +184,22 @@ class Master:
         task.add_done_callback(self._tasks.discard)
 
     async def _poke(self, host: str) -> None:
-        """Best effort: tell a worker's peer API to re-join now."""
-        res = await resolve.check(self.ctx.resolver, host, None, timeout_s=POKE_TIMEOUT_S)
-        if names.dials_self(res, accept_loopback=self.ctx.accept_loopback):
-            # A worker's name on loopback here would poke ourselves.
-            self.ctx.metrics.pokes_sent.labels("skipped").inc()
-            return
-        body = wire.encode_poke(wire.Poke(self.ctx.spec.session, self.epoch))
-        for address in res.addresses:
-            try:
-                ok = await self.ctx.client.post_poke(
-                    self.ctx.endpoint(host, address), body, POKE_TIMEOUT_S
-                )
-            except PeerDown:
-                continue
-            self.ctx.metrics.pokes_sent.labels("accepted" if ok else "refused").inc()
-            return
-        self.ctx.metrics.pokes_sent.labels("unreachable").inc()
+        await poke_host(self.ctx, host, self.epoch)
+
+
+async def poke_host(ctx: NodeContext, host: str, epoch: str) -> None:
+    """Best effort: tell a worker's peer API to re-join now (the master's or a relay's poke)."""
+    res = await resolve.check(ctx.resolver, host, None, timeout_s=POKE_TIMEOUT_S)
+    if names.dials_self(res, accept_loopback=ctx.accept_loopback):
+        # A worker's name on loopback here would poke ourselves.
+        ctx.metrics.pokes_sent.labels("skipped").inc()
+        return
+    body = wire.encode_poke(wire.Poke(ctx.spec.session, epoch))
+    for address in res.addresses:
+        try:
+            ok = await ctx.client.post_poke(ctx.endpoint(host, address), body, POKE_TIMEOUT_S)
+        except PeerDown:
+            continue
+        ctx.metrics.pokes_sent.labels("accepted" if ok else "refused").inc()
+        return
+    ctx.metrics.pokes_sent.labels("unreachable").inc()

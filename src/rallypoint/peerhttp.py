@@ -44,17 +44,26 @@ class PeerClient:
         return self._http
 
     async def post_join(
-        self, target: tuple[str, int], body: bytes, session: str
+        self, target: tuple[str, int], body: bytes, session: str, path: str = "/v1/join"
     ) -> wire.JoinAnswer:
-        """POST /v1/join; PeerDown, JoinRejected, AuthError or PeerMessageError when it fails."""
+        """POST /v1/join (or a relay's batch to /v1/joins); PeerDown, JoinRejected, AuthError
+        or PeerMessageError when it fails."""
         timeout_s = self.settings.resolve_timeout_s
-        payload = await self._signed_post(target, "/v1/join", body, wire.MAX_JOIN_BYTES, timeout_s)
+        payload = await self._signed_post(target, path, body, wire.MAX_JOIN_BYTES, timeout_s)
         answer = wire.parse_join_answer(payload)
         if answer.session != session:
             raise JoinRejected(
                 409, "session_mismatch", f"the master answered for {answer.session!r}"
             )
         return answer
+
+    async def post_reports(self, target: tuple[str, int], body: bytes) -> wire.Verdict:
+        """POST /v1/reports (a relay's batch), a long-poll like POST /v1/report."""
+        timeout_s = self.settings.long_poll_s + self.settings.resolve_timeout_s
+        payload = await self._signed_post(
+            target, "/v1/reports", body, wire.MAX_REPORT_BYTES, timeout_s
+        )
+        return wire.parse_verdict(payload)
 
     async def get_cluster(self, target: tuple[str, int], after: str | None) -> ClusterDoc | None:
         """GET /v1/cluster as a long-poll: a newer document, or None when the poll timed out."""

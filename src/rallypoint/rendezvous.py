@@ -20,15 +20,16 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import overload
 
-from rallypoint import connectivity, probe, status, wire, wirefields
+from rallypoint import connectivity, fanout, probe, status, wire, wirebatch, wirefields
 from rallypoint.auth import Authenticator
 from rallypoint.clustercheck import Transport, http_transport, local_transport
 from rallypoint.context import NodeContext
 from rallypoint.errors import JoinRejected
 from rallypoint.lifecycle import AsyncResource
-from rallypoint.master import Master
-from rallypoint.masterbook import MasterBook
+from rallypoint.master import Master, poke_host
+from rallypoint.masterbook import EncodedDoc, MasterBook
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSource
 from rallypoint.peerhttp import PeerClient, PeerEndpoint
@@ -36,6 +37,7 @@ from rallypoint.peers import PeerTable
 from rallypoint.ports import HeldPort
 from rallypoint.readiness import Readiness
 from rallypoint.reasons import Reason, discovering_reason
+from rallypoint.relay import Relay
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
 from rallypoint.verification import Verification
@@ -91,6 +93,8 @@ class Rendezvous(AsyncResource):
         )
         self.book: MasterBook | None = None
         self.master: Master | None = None
+        #: This node's group service when it relays for a group of ranks (fanout.py).
+        self.relay: Relay | None = None
         self.verification: Verification | None = None
         #: What the master, worker and verification share (once the spec is known).
         self.ctx: NodeContext | None = None
@@ -118,6 +122,8 @@ class Rendezvous(AsyncResource):
         """Cancel background work, close the windows and the HTTP client; closing twice is safe."""
         if self.master is not None:
             await self.master.close()
+        if self.relay is not None:
+            await self.relay.close()
         if self.verification is not None:
             await self.verification.close()
         if self.windows is not None:
@@ -206,6 +212,11 @@ class Rendezvous(AsyncResource):
         )
         if self.book is not None:
             self.master = Master(self.book, self.ctx, documents=self.verification)
+        size = fanout.group_size(spec.nnodes, self.settings.relay_group_size)
+        if fanout.group(spec.rank, size, spec.nnodes):
+            ctx = self.ctx
+            self.relay = Relay(ctx, poke=lambda host, epoch: poke_host(ctx, host, epoch))
+            self.status_sections["relay"] = self.relay.status
         self._spec_known.set()
 
     async def run(self) -> None:
@@ -220,8 +231,19 @@ class Rendezvous(AsyncResource):
             await self._run_worker()
 
     async def _run_worker(self) -> None:
-        worker = Worker(self, self._context(), poked=self._poked)
-        await worker.run(self._own_member())
+        relay = self.relay
+        worker = Worker(
+            self,
+            self._context(),
+            poked=self._poked,
+            on_joined=None if relay is None else relay.upstream_joined,
+        )
+        if relay is None:
+            await worker.run(self._own_member())
+            return
+        async with asyncio.TaskGroup() as group:
+            group.create_task(worker.run(self._own_member()))
+            group.create_task(relay.run())
 
     def _own_member(self) -> Member:
         tf, jax, probe_port = self.held.get("tf"), self.held.get("jax"), self.held.get("probe")
@@ -291,6 +313,8 @@ class Rendezvous(AsyncResource):
     def accept(self, doc: ClusterDoc) -> None:
         """Act on the master's new cluster document: not ready until it is verified."""
         self._verification().accept(doc)
+        if self.relay is not None:
+            self.relay.publish(doc)
 
     def lose_generation(self, reason: Reason) -> None:
         """Drop the current document (the master restarted) and restart the deadline."""
@@ -313,17 +337,36 @@ class Rendezvous(AsyncResource):
 
     # -- the peer API's requests -------------------------------------------------------------
 
-    def handle_join(self, request: wire.JoinRequest, remote: str | None) -> wire.JoinAnswer:
-        """Record a worker's join (master only); JoinRejected when refused."""
-        return self._require_master().handle_join(request, remote)
+    async def handle_join(self, request: wire.JoinRequest, remote: str | None) -> wire.JoinAnswer:
+        """Record a worker's join (master or its relay); JoinRejected when refused."""
+        serving = self._require_master(relay=True)
+        if isinstance(serving, Relay):
+            return await serving.handle_join(request, remote)
+        return serving.handle_join(request, remote)
+
+    def handle_joins(self, batch: wirebatch.JoinBatch, remote: str | None) -> wire.JoinAnswer:
+        """Record a relay's batch of joins (master only); JoinRejected when refused."""
+        return self._require_master().handle_joins(batch, remote)
 
     async def handle_cluster(self, after: str | None) -> ClusterDoc | None:
-        """Long-poll for a document newer than ``after`` (master only); None on timeout."""
-        return await self._require_master().handle_cluster(after)
+        """Long-poll for a document newer than ``after`` (master or relay); None on timeout."""
+        return await self._require_master(relay=True).handle_cluster(after)
+
+    def encoded(self, doc: ClusterDoc) -> EncodedDoc:
+        """A document handle_cluster returned, encoded once by whoever serves it."""
+        if self.book is not None:
+            return self.book.encoded(doc)
+        if self.relay is not None:
+            return self.relay.encoded(doc)
+        return EncodedDoc.of(doc)
 
     async def handle_report(self, report: wire.Report) -> wire.Verdict:
-        """Record a node's checks (master only); the verdict, long-polled while unchanged."""
-        return await self._require_master().handle_report(report)
+        """Record a node's checks (master or relay); the verdict, long-polled while unchanged."""
+        return await self._require_master(relay=True).handle_report(report)
+
+    async def handle_reports(self, batch: wirebatch.ReportBatch) -> wire.Verdict:
+        """Record a relay's batch of reports (master only); the verdict, as for one report."""
+        return await self._require_master().handle_reports(batch)
 
     def wake(self) -> None:
         """Cut a worker's join backoff short (mDNS saw the master change): re-join now."""
@@ -341,7 +384,13 @@ class Rendezvous(AsyncResource):
         if self.verification is not None:
             self.verification.retry()
 
-    def _require_master(self) -> Master:
+    @overload
+    def _require_master(self) -> Master: ...
+
+    @overload
+    def _require_master(self, *, relay: bool) -> Master | Relay: ...
+
+    def _require_master(self, *, relay: bool = False) -> Master | Relay:
         if not self._spec_known.is_set():
             raise JoinRejected(
                 503,
@@ -349,6 +398,8 @@ class Rendezvous(AsyncResource):
                 f"this node has not finished mDNS discovery (seen {self._phase_detail()}); "
                 "retry shortly",
             )
+        if self.master is None and relay and self.relay is not None:
+            return self.relay
         if self.master is None:
             raise JoinRejected(
                 409,

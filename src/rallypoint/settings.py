@@ -81,6 +81,8 @@ class Settings:
     token: str | None = field(default=None, repr=False)
     mdns: bool = True
     mdns_interfaces: tuple[str, ...] = ()  # empty: every interface with an address
+    #: Ranks per relay in the fan-out tree (fanout.py): None automatic, 0 no tree.
+    relay_group_size: int | None = None
 
     # Logging.
     log_format: Literal["text", "json"] = "text"

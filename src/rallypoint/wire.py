@@ -69,16 +69,10 @@ class Poke:
 
 def encode_join(request: JoinRequest) -> bytes:
     """The JSON body of a join request."""
-    member = request.member
     return dump(
         {
             "session": request.session,
-            "rank": member.rank,
-            "host": member.host,
-            "addresses": list(member.addresses),
-            "tf_port": member.tf_port,
-            "jax_port": member.jax_port,
-            "probe_port": member.probe_port,
+            **member_json(request.member),
             "generation_seen": request.generation_seen,
         }
     )
@@ -90,7 +84,7 @@ def parse_join(body: bytes) -> JoinRequest:
     seen = data.get("generation_seen")
     return JoinRequest(
         session=session(data.get("session"), "session"),
-        member=_member(data, "join request"),
+        member=member_from(data, "join request"),
         generation_seen=None if seen is None else generation(seen, "generation_seen"),
     )
 
@@ -144,17 +138,7 @@ def encode_cluster_doc(doc: ClusterDoc) -> bytes:
             "generation": doc.generation,
             "master_host": doc.master_host,
             "master_port": doc.master_port,
-            "members": [
-                {
-                    "rank": m.rank,
-                    "host": m.host,
-                    "addresses": list(m.addresses),
-                    "tf_port": m.tf_port,
-                    "jax_port": m.jax_port,
-                    "probe_port": m.probe_port,
-                }
-                for m in doc.members
-            ],
+            "members": [member_json(m) for m in doc.members],
         }
     )
 
@@ -169,7 +153,7 @@ def parse_cluster_doc(body: bytes) -> ClusterDoc:
     for index, raw in enumerate(raw_members):
         if not isinstance(raw, dict):
             raise PeerMessageError(f"cluster document: members[{index}] is not an object")
-        member = _member(raw, f"members[{index}]")
+        member = member_from(raw, f"members[{index}]")
         if member.rank != index:
             raise PeerMessageError(
                 f"cluster document: members[{index}] has rank {member.rank}, expected {index}"
@@ -247,24 +231,31 @@ class Verdict:
 
 def encode_report(report: Report) -> bytes:
     """The JSON body of POST /v1/report."""
-    return dump(
-        {
-            "session": report.session,
-            "generation": report.generation,
-            "rank": report.rank,
-            "host": report.host,
-            "passed": report.passed,
-            "failures": [f.as_json() for f in report.failures[:MAX_FAILURES]],
-            "busy": sorted(report.busy),
-            "net": {"ifname": report.net.ifname, "mtu": report.net.mtu, "rdma": report.net.rdma},
-            "seen": report.seen,
-        }
-    )
+    return dump(report_json(report))
+
+
+def report_json(report: Report) -> dict[str, object]:
+    """A report as the JSON object POST /v1/report and a relay's batch carry."""
+    return {
+        "session": report.session,
+        "generation": report.generation,
+        "rank": report.rank,
+        "host": report.host,
+        "passed": report.passed,
+        "failures": [f.as_json() for f in report.failures[:MAX_FAILURES]],
+        "busy": sorted(report.busy),
+        "net": {"ifname": report.net.ifname, "mtu": report.net.mtu, "rdma": report.net.rdma},
+        "seen": report.seen,
+    }
 
 
 def parse_report(body: bytes) -> Report:
     """Validate a report body; PeerMessageError names the field at fault."""
-    data = load(body, MAX_REPORT_BYTES, "report")
+    return report_from(load(body, MAX_REPORT_BYTES, "report"))
+
+
+def report_from(data: Mapping[str, object]) -> Report:
+    """A report from its JSON object (a body, or an item of a relay's batch)."""
     busy = data.get("busy", [])
     if not isinstance(busy, list) or not all(
         isinstance(b, str) and b in _WINDOW_KINDS for b in busy
@@ -355,7 +346,20 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return False
 
 
-def _member(data: Mapping[str, object], where: str) -> Member:
+def member_json(member: Member) -> dict[str, object]:
+    """A member as the JSON object joins, batches and cluster documents carry."""
+    return {
+        "rank": member.rank,
+        "host": member.host,
+        "addresses": list(member.addresses),
+        "tf_port": member.tf_port,
+        "jax_port": member.jax_port,
+        "probe_port": member.probe_port,
+    }
+
+
+def member_from(data: Mapping[str, object], where: str) -> Member:
+    """A member from its JSON object; PeerMessageError names ``where`` and the field."""
     raw_addresses = data.get("addresses")
     if not isinstance(raw_addresses, list) or len(raw_addresses) > MAX_ADDRESSES:
         raise PeerMessageError(f"{where}: addresses must be a list of at most {MAX_ADDRESSES}")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
-from rallypoint import names, resolve, wire
+from rallypoint import fanout, names, resolve, wire
 from rallypoint.backoff import Backoff
 from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
@@ -43,10 +44,27 @@ class WorkerNode(Protocol):
 class Worker:
     """One worker's join loop: join, long-poll, re-join on a poke, a lost master or a restart."""
 
-    def __init__(self, node: WorkerNode, ctx: NodeContext, *, poked: asyncio.Event) -> None:
+    def __init__(
+        self,
+        node: WorkerNode,
+        ctx: NodeContext,
+        *,
+        poked: asyncio.Event,
+        on_joined: Callable[[tuple[str, int], wire.JoinAnswer], None] | None = None,
+    ) -> None:
         self.node = node
         self.ctx = ctx
         self._poked = poked
+        #: Told of every accepted join of the master (a relay sends its batches there).
+        self._on_joined = on_joined
+        spec = ctx.spec
+        relay = fanout.relay_of(
+            spec.rank, fanout.group_size(spec.nnodes, ctx.settings.relay_group_size)
+        )
+        #: The relay this worker joins through first (fanout.py), None: the master directly.
+        self.relay = None if relay is None else spec.hosts[relay]
+        #: Set when the relay failed us: join the master directly until the next poke.
+        self._skip_relay = False
         #: Why the master's last cluster document was refused (forged, tampered, invalid);
         #: kept as the reason until a valid document arrives, so re-joins do not hide it.
         self._refused: Reason | None = None
@@ -117,6 +135,13 @@ class Worker:
         master = self.ctx.spec.master
         body = wire.encode_join(wire.JoinRequest(self.ctx.spec.session, own, after))
         while True:
+            if self._poked.is_set():
+                self._skip_relay = False
+            if self.relay is not None and not self._skip_relay:
+                joined = await self._join_relay(self.relay, body)
+                if joined is not None:
+                    return joined
+                self._skip_relay = True
             res = await resolve.check(
                 self.ctx.resolver, master, None, timeout_s=self.ctx.settings.resolve_timeout_s
             )
@@ -154,6 +179,8 @@ class Worker:
                         break
                     self.ctx.metrics.join_attempts.labels("accepted").inc()
                     self.node.master_problem = None
+                    if self._on_joined is not None:
+                        self._on_joined(target, answer)
                     return target, answer
             self.ctx.metrics.join_attempts.labels(problem.code).inc()
             if self.node.ready:
@@ -161,6 +188,27 @@ class Worker:
             else:
                 self.node.not_ready(problem)
             await backoff.sleep()
+
+    async def _join_relay(
+        self, relay: str, body: bytes
+    ) -> tuple[tuple[str, int], wire.JoinAnswer] | None:
+        """Join through our relay; None when it cannot answer (the master is asked directly)."""
+        res = await resolve.check(
+            self.ctx.resolver, relay, None, timeout_s=self.ctx.settings.resolve_timeout_s
+        )
+        if names.dials_self(res, accept_loopback=self.ctx.accept_loopback):
+            return None
+        for address in res.addresses:
+            target = self.ctx.endpoint(relay, address)
+            try:
+                answer = await self.ctx.client.post_join(target, body, self.ctx.spec.session)
+            except (PeerDown, JoinRejected, AuthError, PeerMessageError) as exc:
+                log.info("relay_skipped", extra={"relay": relay, "error": str(exc)})
+                continue
+            self.ctx.metrics.join_attempts.labels("accepted").inc()
+            self.node.master_problem = None
+            return target, answer
+        return None
 
     async def _poll(self, target: tuple[str, int], after: str | None) -> ClusterDoc | None:
         """One long-poll; the document, None on timeout, _Rejoin on a poke or lost master."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from rallypoint import settings
+from rallypoint import fanout, settings
 from rallypoint.errors import ConfigError
 from rallypoint.model import DEFAULT_MASTER_PORT
 from rallypoint.settings import Settings
@@ -184,6 +184,29 @@ class _TFLayout(_ParamType):
             return settings.tf_layout(str(value))
         except ConfigError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class _RelayGroup(_ParamType):
+    """auto, 0 (no fan-out tree) or a group size of 2-128 ranks."""
+
+    name = "auto|0|2-128"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return None
+        if not _UINT.fullmatch(text) or int(text) == 1 or int(text) > fanout.MAX_GROUP:
+            self.fail(
+                f"{value!r} is not a relay group size: use auto, 0 (every worker joins the "
+                f"master) or 2-{fanout.MAX_GROUP}",
+                param,
+                ctx,
+            )
+        return int(text)
 
 
 class _Provider(_ParamType):
@@ -379,6 +402,13 @@ settings_options = apply(
         "--token-file",
         "File with the session secret (RALLYPOINT_TOKEN: the secret itself).",
         metavar="FILE",
+    ),
+    opt(
+        "--relay-group",
+        "Ranks per relay in the fan-out tree (auto: sqrt(N) from 512 nodes; 0: none).",
+        dest="relay_group_size",
+        type=_RelayGroup(),
+        default="auto",
     ),
     opt("--mdns/--no-mdns", "Announce and browse over mDNS.", default=_S.mdns),
     mdns_interfaces,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from rallypoint import wire, wirefields
+from rallypoint import wire, wirebatch, wirefields
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.server.common import (
@@ -37,10 +37,12 @@ def peer_app(node: Rendezvous, *, run_rendezvous: bool = True) -> web.Applicatio
         PEER_MAX_BYTES,
         [
             web.post("/v1/join", _join),
+            web.post("/v1/joins", _joins),
             web.get("/v1/cluster", _cluster),
             web.get("/v1/ready", _ready),
             web.post("/v1/poke", _poke),
             web.post("/v1/report", _report),
+            web.post("/v1/reports", _reports),
         ],
     )
     if run_rendezvous:
@@ -105,8 +107,16 @@ async def _join(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await _read_body(request)
     node.auth.verify("POST /v1/join", body, request.headers)
-    answer = node.handle_join(wire.parse_join(body), request.remote)
+    answer = await node.handle_join(wire.parse_join(body), request.remote)
     return _signed(node, "200 /v1/join", wire.encode_join_answer(answer))
+
+
+async def _joins(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _read_body(request)
+    node.auth.verify("POST /v1/joins", body, request.headers)
+    answer = node.handle_joins(wirebatch.parse_join_batch(body), request.remote)
+    return _signed(node, "200 /v1/joins", wire.encode_join_answer(answer))
 
 
 async def _cluster(request: web.Request) -> web.Response:
@@ -117,12 +127,11 @@ async def _cluster(request: web.Request) -> web.Response:
     if after is not None:
         wirefields.generation(after, "after")
     doc = await node.handle_cluster(after)
-    book = node.book  # never None here: handle_cluster answers on the master only
-    if doc is None or book is None:
+    if doc is None:
         return web.Response(status=204, headers=NO_STORE)
-    # The book encoded, hashed and gzipped the document once when it issued it: per answer
-    # only a fresh signature (own timestamp and nonce) over that digest, never O(N) work.
-    encoded = book.encoded(doc)
+    # The master (or relay) encoded, hashed and gzipped the document once: per answer only a
+    # fresh signature (own timestamp and nonce) over that digest, never O(N) work.
+    encoded = node.encoded(doc)
     headers = dict(NO_STORE)
     headers.update(node.auth.sign_digest("200 /v1/cluster", encoded.sha256))
     payload = encoded.body
@@ -155,6 +164,14 @@ async def _report(request: web.Request) -> web.Response:
     node.auth.verify("POST /v1/report", body, request.headers)
     verdict = await node.handle_report(wire.parse_report(body))
     return _signed(node, "200 /v1/report", wire.encode_verdict(verdict))
+
+
+async def _reports(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _read_body(request)
+    node.auth.verify("POST /v1/reports", body, request.headers)
+    verdict = await node.handle_reports(wirebatch.parse_report_batch(body))
+    return _signed(node, "200 /v1/reports", wire.encode_verdict(verdict))
 
 
 def _signed(node: Rendezvous, context: str, payload: bytes) -> web.Response:
