@@ -1,0 +1,141 @@
+"""The fan-out tree in a real (in-process) cluster: relays batch their group, fall back safely.
+
+Seven nodes with groups of three: the master serves ranks 1-2 itself, rank 3 relays for
+ranks 4-5, and rank 6 (first of a group with no other member) joins the master directly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+
+from rallypoint.sidecar import Sidecar
+from tests.support.cluster import Cluster, all_ready, cluster, codes, start_all, until
+
+N = 7
+GROUP = 3
+TREE = {rank: {"relay_group_size": GROUP} for rank in range(N)}
+
+
+def requests(sidecar: Sidecar, route: str, status: str = "200") -> float:
+    return sidecar.metrics.value(
+        "rallypoint_http_requests_total", api="peer", route=route, status=status
+    )
+
+
+def same_envs(c: Cluster) -> None:
+    envs = {r: s.node.env.as_dict() for r, s in c.nodes.items() if s.node.env is not None}
+    assert sorted(envs) == list(range(N))
+    clusters = {json.dumps(json.loads(e["TF_CONFIG"])["cluster"]) for e in envs.values()}
+    assert len(clusters) == 1
+    assert {e["MASTER_PORT"] for e in envs.values()} == {
+        str(c.nodes[0].node.held["master"].port)
+    }
+    assert len({s.node.generation for s in c.nodes.values()}) == 1
+
+
+async def test_a_relay_batches_its_group_for_the_master() -> None:
+    async with cluster(N, token="s3cret", per_node=TREE) as c:
+        await start_all(c)
+        await all_ready(c)
+        same_envs(c)
+        master, relay = c.nodes[0], c.nodes[3]
+        # Ranks 4 and 5 joined and reported through rank 3, never the master itself.
+        assert requests(master, "/v1/joins") >= 1
+        assert requests(master, "/v1/reports") >= 1
+        assert requests(relay, "/v1/join") == 2
+        assert requests(relay, "/v1/report") >= 2
+        assert requests(master, "/v1/join") == 4  # ranks 1, 2, 3 and 6
+        for rank in (4, 5):
+            assert c.nodes[rank].node.master_target == ("127.0.0.1", c.peer_ports["node3"])
+        status = relay.node.status()["relay"]
+        assert isinstance(status, dict)
+        assert status["ranks"] == [4, 5] and status["joined"] == 2
+        assert "relay" not in c.nodes[4].node.status()
+
+
+async def test_members_join_the_master_directly_while_their_relay_is_down() -> None:
+    async with cluster(N, per_node=TREE) as c:
+        for rank in (0, 1, 2, 4, 5, 6):
+            await c.start(rank)
+        await until(lambda: all(c.nodes[0].node.peers[r].joined for r in (4, 5)))
+        await c.start(3)
+        await all_ready(c)
+        same_envs(c)
+        assert requests(c.nodes[0], "/v1/join") == 6
+
+
+async def test_a_failure_in_the_group_reaches_every_node_through_the_relay() -> None:
+    async with cluster(N, per_node=TREE) as c:
+        c.resolvers[5].remove("node1")
+        await start_all(c)
+        await until(lambda: all("resolve_failed" in codes(s) for s in c.nodes.values()))
+        for rank, sidecar in c.nodes.items():
+            assert not sidecar.node.ready
+            reason = next(r for r in sidecar.node.reasons() if r.code == "resolve_failed")
+            assert reason.host == "node1"
+            if rank != 5:
+                assert reason.message.startswith("node5 reports: "), reason.message
+        c.resolvers[5].set("node1", ["198.51.100.11"])
+        for sidecar in c.nodes.values():
+            sidecar.node.verification.retry()  # type: ignore[union-attr]
+        await all_ready(c)
+
+
+async def test_a_master_restart_reaches_the_group_through_its_relay() -> None:
+    async with cluster(N, per_node=TREE) as c:
+        await start_all(c)
+        await all_ready(c)
+        old = c.nodes[4].node.generation
+        await c.stop(0)
+        await c.start(0)
+        await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
+        await all_ready(c)
+        same_envs(c)
+        # The new master heard of ranks 4 and 5 from the relay's batch.
+        assert requests(c.nodes[0], "/v1/joins") >= 1
+
+
+async def test_a_restarted_relay_serves_its_group_again() -> None:
+    async with cluster(N, per_node=TREE) as c:
+        await start_all(c)
+        await all_ready(c)
+        old = c.nodes[4].node.generation
+        await c.stop(3)
+        await c.start(3)
+        await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
+        await all_ready(c)
+        same_envs(c)
+
+
+async def test_a_node_that_is_no_relay_sends_the_member_to_the_master() -> None:
+    """Rank 4 thinks rank 3 relays for it; rank 3 was told otherwise (no tree)."""
+    per_node = dict(TREE)
+    per_node[3] = {"relay_group_size": 0}
+    async with cluster(N, per_node=per_node) as c:
+        await start_all(c)
+        await all_ready(c)
+        same_envs(c)
+        assert requests(c.nodes[3], "/v1/join", "409") >= 1
+        assert c.nodes[4].node.master_target == ("127.0.0.1", c.peer_ports["node0"])
+
+
+async def test_a_relay_refuses_what_is_not_its_groups() -> None:
+    async with cluster(N, per_node=TREE) as c:
+        await start_all(c)
+        await all_ready(c)
+        body = {"session": "sess-1", "rank": 1, "host": "node1", "addresses": []}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(c.peer_url(3, "/v1/join"), json=body) as resp,
+        ):
+            assert resp.status == 409
+            assert (await resp.json())["code"] == "not_relay"
+        batch = {"session": "sess-1", "relay": 3, "members": []}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(c.peer_url(3, "/v1/joins"), json=batch) as resp,
+        ):
+            assert resp.status == 409
+            assert (await resp.json())["code"] == "not_master"
