@@ -33,6 +33,8 @@ import common
 sys.path.insert(0, str(common.REPO))
 from tests.multihost import harness
 
+from rallypoint import fanout
+
 TOKEN = "bench-session-secret"
 MASTER_ARGS = (
     "--no-mdns",  # isolate the HTTP rendezvous; mDNS is a separate fast path
@@ -55,6 +57,13 @@ class SimResult:
     master_hwm_mb: float
     master_rss_before_mb: float  # its RSS just before the simulated workers started
     master_ready_s: float | None  # from the simulated start until the master's /readyz is 200
+    #: The fan-out tree's group size (0: every simulated worker joins the master directly).
+    relay_group: int = 0
+    #: The rank a real relay sidecar played (its group's simulated workers join it), if any.
+    real_relay: int | None = None
+    #: From the simulated start until the real relay's /readyz is 200.
+    real_relay_ready_s: float | None = None
+    real_relay_cpu_s: float = 0.0
     #: TcpExt counters in the master's namespace: accept-queue overflows and dropped SYNs.
     listen_overflows: int = 0
     listen_drops: int = 0
@@ -73,6 +82,7 @@ def simulate(
     sim_cpus: frozenset[int] = frozenset({1}),
     timeout_s: float = 120.0,
     profile: Path | None = None,
+    tree: bool = False,
 ) -> SimResult:
     """Run one master and ``workers`` simulated workers; the cluster is torn down afterwards.
 
@@ -80,19 +90,27 @@ def simulate(
     py-spy samples the master during the simulation and writes collapsed stacks
     (flamegraph.pl / speedscope input) to that file.
     """
+    nnodes = workers + 1
+    # The tree as every node computes it (fanout.py); the second-to-last relay is played by
+    # a real sidecar, so a real relay's hop is on the measured path (its group is full).
+    group = fanout.group_size(nnodes, None) if tree else 0
+    relays = list(fanout.relays(group, nnodes))
+    real_relay = relays[-2] if len(relays) >= 2 else None
     names = [f"w{i}" for i in range(1, workers + 1)]
+    if real_relay is not None:
+        names[real_relay - 1] = "relay1"
     workdir = Path(tempfile.mkdtemp(prefix="rp-sim-"))
 
     def environ_for(cluster: harness.Cluster, node: harness.Node) -> dict[str, str]:
         return {
             "RALLYPOINT_HOSTS": ",".join(["main1", *names]),
-            "RALLYPOINT_NODE_RANK": "0",
+            "RALLYPOINT_NODE_RANK": "0" if node.name == "main1" else str(real_relay),
             "RALLYPOINT_SESSION": cluster.session,
             "RALLYPOINT_TOKEN": TOKEN,
         }
 
     cluster = harness.Cluster(
-        ("main1", "sim1"),
+        ("main1", "sim1", "relay1") if real_relay is not None else ("main1", "sim1"),
         workdir,
         sidecar_args=MASTER_ARGS,
         environ_for=environ_for,
@@ -107,16 +125,31 @@ def simulate(
         # settings are per namespace; an operator of a cluster this size raises them too.
         master.run(["sysctl", "-qw", "net.core.somaxconn=65535"], check=True)
         master.run(["sysctl", "-qw", "net.ipv4.tcp_max_syn_backlog=65535"], check=True)
-        proc = master.start_sidecar()
+        tree_args = () if tree else ("--relay-group", "0")
+        proc = master.start_sidecar(tree_args)
         os.sched_setaffinity(proc.pid, {0})
         harness.wait_for(
             lambda: master.try_get("/livez"), timeout_s=30, interval_s=0.02, what="master /livez"
         )
+        relay_node = relay_proc = None
+        if real_relay is not None:
+            relay_node = cluster["relay1"]
+            relay_node.write_hosts(cluster.hosts_text({}) + extra)
+            relay_proc = relay_node.start_sidecar(tree_args)
+            os.sched_setaffinity(relay_proc.pid, set(sim_cpus))
+            harness.wait_for(
+                lambda: relay_node.try_get("/livez"),
+                timeout_s=30,
+                interval_s=0.02,
+                what="relay /livez",
+            )
+            settle(relay_proc.pid, quiet_s=0.5, timeout_s=180.0)
         # Let the start-up pokes (one per simulated name, each resolving it through a hosts
         # file of N lines) finish: at 16384 they take far longer than a second, and their
         # CPU would be counted as the run's.
         settle(proc.pid, quiet_s=0.5, timeout_s=180.0)
         cpu0 = common.cpu_seconds(proc.pid)
+        relay_cpu0 = 0.0 if relay_proc is None else common.cpu_seconds(relay_proc.pid)
         rss0 = common.memory_kib(proc.pid)["VmRSS"] / 1024
         spy = None
         if profile is not None:
@@ -140,7 +173,7 @@ def simulate(
             time.sleep(0.5)
         start_at = time.monotonic() + 1.0 + 0.0003 * workers  # every process parked by then
         runners = []
-        for first, count in split(workers, procs):
+        for first, count in split(workers, procs, group):
             argv = [
                 sys.executable,
                 str(common.BENCH_DIR / "simpeers.py"),
@@ -161,6 +194,15 @@ def simulate(
                 "--timeout",
                 str(timeout_s),
             ]
+            if group:
+                argv += ["--nnodes", str(nnodes), "--relay-group", str(group)]
+            if relay_node is not None:
+                argv += [
+                    "--real-relay",
+                    str(real_relay),
+                    "--relay-address",
+                    f"{relay_node.address}:{harness.PEER_PORT}",
+                ]
             if not poll:
                 argv.append("--no-poll")
             if not report:
@@ -168,14 +210,19 @@ def simulate(
             runner = sim.spawn(argv, label="simpeers")
             os.sched_setaffinity(runner.pid, set(sim_cpus))
             runners.append(runner)
-        ready_at = None
+        ready_at = relay_ready_at = None
         deadline = time.monotonic() + timeout_s + 30
         while any(r.alive() for r in runners) and time.monotonic() < deadline:
             if ready_at is None and poll:
                 reply = master.try_get("/readyz", timeout_s=2)
                 if reply is not None and reply.status == 200:
                     ready_at = time.monotonic()
+            if relay_node is not None and relay_ready_at is None and poll:
+                reply = relay_node.try_get("/readyz", timeout_s=2)
+                if reply is not None and reply.status == 200:
+                    relay_ready_at = time.monotonic()
             time.sleep(0.01)
+        relay_cpu = 0.0 if relay_proc is None else common.cpu_seconds(relay_proc.pid) - relay_cpu0
         for runner in runners:
             runner.wait(5)
         if spy is not None:
@@ -201,6 +248,10 @@ def simulate(
             master_ready_s=None if ready_at is None else ready_at - result["start"],
             listen_overflows=tcpext.get("ListenOverflows", 0),
             listen_drops=tcpext.get("ListenDrops", 0),
+            relay_group=group,
+            real_relay=real_relay,
+            real_relay_ready_s=None if relay_ready_at is None else relay_ready_at - result["start"],
+            real_relay_cpu_s=relay_cpu,
         )
 
 
@@ -213,15 +264,18 @@ def tcp_ext(node: harness.Node) -> dict[str, int]:
     return {}
 
 
-def split(workers: int, procs: int) -> list[tuple[int, int]]:
-    """(first rank, count) for each simulator process: ranks 1..workers in near-equal runs."""
+def split(workers: int, procs: int, group: int = 0) -> list[tuple[int, int]]:
+    """(first rank, count) for each simulator process: ranks 1..workers in near-equal runs,
+    cut only at group boundaries in a tree (a simulated relay plays its whole group)."""
     procs = max(1, min(procs, workers))
-    base, extra = divmod(workers, procs)
     out, first = [], 1
     for i in range(procs):
-        count = base + (1 if i < extra else 0)
-        out.append((first, count))
-        first += count
+        end = 1 + workers * (i + 1) // procs
+        if group and i < procs - 1:
+            end = max(first, end - end % group)
+        if end > first:
+            out.append((first, end - first))
+        first = end
     return out
 
 

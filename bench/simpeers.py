@@ -32,8 +32,9 @@ import json
 import resource
 import time
 from collections import Counter
+from collections.abc import Callable
 
-from rallypoint import wire
+from rallypoint import fanout, wire, wirebatch
 from rallypoint.auth import Authenticator
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.model import Member
@@ -86,6 +87,21 @@ class Documents:
         return parsed.generation
 
 
+def member(rank: int, args: argparse.Namespace) -> Member:
+    return Member(rank=rank, host=f"w{rank}", addresses=(args.address,), tf_port=2222)
+
+
+async def connect(
+    target: str, args: argparse.Namespace, out: dict[str, list[object]]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    host, port = target.rsplit(":", 1)
+    try:
+        return await asyncio.wait_for(asyncio.open_connection(host, int(port)), args.timeout)
+    except (OSError, TimeoutError) as exc:
+        out["join_errors"].append(f"connect: {type(exc).__name__}")
+        return None
+
+
 async def worker(
     rank: int,
     args: argparse.Namespace,
@@ -93,19 +109,16 @@ async def worker(
     docs: Documents,
     go: asyncio.Event,
     out: dict[str, list[object]],
+    target: str,
 ) -> None:
-    host, port = args.master.rsplit(":", 1)
-    member = Member(rank=rank, host=f"w{rank}", addresses=(args.address,), tf_port=2222)
-    body = wire.encode_join(wire.JoinRequest(args.session, member))
+    own = member(rank, args)
+    body = wire.encode_join(wire.JoinRequest(args.session, own))
     await go.wait()
     t0 = time.monotonic()
-    try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, int(port)), args.timeout
-        )
-    except (OSError, TimeoutError) as exc:
-        out["join_errors"].append(f"connect: {type(exc).__name__}")
+    connection = await connect(target, args, out)
+    if connection is None:
         return
+    reader, writer = connection
 
     async def post(path: str, body: bytes) -> tuple[int, bytes, dict[str, str]]:
         headers = {"Content-Type": "application/json", **auth.sign(f"POST {path}", body)}
@@ -141,7 +154,7 @@ async def worker(
         phase = "report_errors"
         seen = -1
         while True:
-            report = wire.Report(args.session, generation, rank, member.host, True, seen=seen)
+            report = wire.Report(args.session, generation, rank, own.host, True, seen=seen)
             status, answer_body, _ = await post("/v1/report", wire.encode_report(report))
             if status != 200:
                 out["report_errors"].append(f"http {status}")
@@ -170,6 +183,131 @@ async def worker(
         writer.close()
 
 
+async def relay(
+    rank: int,
+    group: range,
+    args: argparse.Namespace,
+    auth: Authenticator,
+    docs: Documents,
+    go: asyncio.Event,
+    out: dict[str, list[object]],
+) -> None:
+    """A simulated relay, as the master sees one: its own join, one batch of its group's joins,
+    one document long-poll, its own report and its group's reports as one batch, each
+    long-polled until verified. Its members' times are the relay's: the hop from a relay
+    to its members is measured with a real relay (--real-relay), not here."""
+    own = member(rank, args)
+    members = [member(r, args) for r in group]
+    join = wire.encode_join(wire.JoinRequest(args.session, own))
+    batch = wirebatch.encode_join_batch(wirebatch.JoinBatch(args.session, rank, tuple(members)))
+    await go.wait()
+    t0 = time.monotonic()
+    first = await connect(args.master, args, out)
+    second = await connect(args.master, args, out)
+    if first is None or second is None:
+        return
+
+    async def post(
+        connection: tuple[asyncio.StreamReader, asyncio.StreamWriter], path: str, body: bytes
+    ) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json", **auth.sign(f"POST {path}", body)}
+        status, answer, _ = await asyncio.wait_for(
+            http(*connection, "POST", path, headers, body), args.timeout
+        )
+        return status, answer
+
+    async def until_verified(
+        connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        path: str,
+        encode: Callable[[int], bytes],
+    ) -> None:
+        seen = -1
+        while True:
+            status, answer = await post(connection, path, encode(seen))
+            if status != 200:
+                raise RuntimeError(f"{path}: http {status}")
+            verdict = wire.parse_verdict(answer)
+            if verdict.failures:
+                raise RuntimeError(f"failed: {verdict.failures[0].code}")
+            if verdict.verified:
+                return
+            seen = verdict.version
+
+    phase = "join_errors"
+    try:
+        for path, body in (("/v1/join", join), ("/v1/joins", batch)):
+            status, _ = await post(first, path, body)
+            if status != 200:
+                out["join_errors"].append(f"http {status}")
+                return
+        out["join_s"].extend([time.monotonic() - t0] * (1 + len(members)))
+        phase = "doc_errors"
+        while True:
+            headers = {"Accept-Encoding": "gzip", **auth.sign("GET /v1/cluster?after=", b"")}
+            status, doc, answer = await asyncio.wait_for(
+                http(*first, "GET", "/v1/cluster", headers), args.timeout
+            )
+            if status == 200:
+                break
+            if status != 204:
+                out["doc_errors"].append(f"http {status}")
+                return
+        out["doc_at"].extend([time.monotonic()] * (1 + len(members)))
+        out["doc_wire_bytes"].append(len(doc))
+        generation = docs.read(doc, answer)
+        phase = "report_errors"
+        reports = tuple(
+            wire.Report(args.session, generation, m.rank, m.host, True) for m in members
+        )
+        await asyncio.gather(
+            until_verified(
+                second,
+                "/v1/report",
+                lambda seen: wire.encode_report(
+                    wire.Report(args.session, generation, rank, own.host, True, seen=seen)
+                ),
+            ),
+            until_verified(
+                first,
+                "/v1/reports",
+                lambda seen: wirebatch.encode_report_batch(
+                    wirebatch.ReportBatch(args.session, generation, rank, reports, seen)
+                ),
+            ),
+        )
+        out["verified_at"].extend([time.monotonic()] * (1 + len(members)))
+    except (
+        OSError,
+        TimeoutError,
+        ConnectionError,
+        RuntimeError,
+        asyncio.IncompleteReadError,
+        AuthError,
+        PeerMessageError,
+    ) as exc:
+        out[phase].append(str(exc) if isinstance(exc, RuntimeError) else type(exc).__name__)
+    finally:
+        for _, writer in (first, second):
+            writer.close()
+
+
+def plan(args: argparse.Namespace, nnodes: int) -> list[tuple[str, int, range]]:
+    """What each simulated rank does: ("worker", rank, target) rows and ("relay", rank, group)."""
+    size = args.relay_group
+    rows: list[tuple[str, int, range]] = []
+    for rank in range(args.first, args.first + args.count):
+        relay_rank = fanout.relay_of(rank, size)
+        if relay_rank is not None and relay_rank == args.real_relay:
+            rows.append(("worker-via-relay", rank, range(0)))
+        elif relay_rank is not None:
+            continue  # its relay plays it
+        elif fanout.group(rank, size, nnodes) and rank != args.real_relay:
+            rows.append(("relay", rank, fanout.group(rank, size, nnodes)))
+        elif rank != args.real_relay:
+            rows.append(("worker", rank, range(0)))
+    return rows
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     auth = Authenticator(args.token or None)
     docs = Documents(args.token)
@@ -186,8 +324,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "report_errors",
         )
     }
-    ranks = range(args.first, args.first + args.count)
-    tasks = [asyncio.create_task(worker(rank, args, auth, docs, go, out)) for rank in ranks]
+    tasks = []
+    for kind, rank, group in plan(args, args.nnodes):
+        if kind == "relay":
+            job = relay(rank, group, args, auth, docs, go, out)
+        else:
+            target = args.relay_address if kind == "worker-via-relay" else args.master
+            job = worker(rank, args, auth, docs, go, out, target)
+        tasks.append(asyncio.create_task(job))
     await asyncio.sleep(0.2)  # every task is parked on go.wait()
     if args.start_at is not None:
         await asyncio.sleep(max(0.0, args.start_at - time.monotonic()))
@@ -230,6 +374,10 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--no-poll", action="store_true", help="join only")
     p.add_argument("--no-report", action="store_true", help="join and fetch the document only")
+    p.add_argument("--nnodes", type=int, default=0, help="the cluster's size (for the tree)")
+    p.add_argument("--relay-group", type=int, default=0, help="the fan-out tree's group size")
+    p.add_argument("--real-relay", type=int, default=-1, help="the rank a real relay plays")
+    p.add_argument("--relay-address", default="", help="ADDRESS:PORT of the real relay")
     args = p.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
