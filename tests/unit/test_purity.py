@@ -20,6 +20,8 @@ PURE = [
     "rallypoint.tfconfig",
     "rallypoint.render",
     "rallypoint.wire",
+    "rallypoint.wirebatch",
+    "rallypoint.fanout",
     "rallypoint.wirefields",
     "rallypoint.mdns.txt",
     "rallypoint.mdns.ranks",
