@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from rallypoint import fanout, wire, wirebatch
@@ -28,7 +28,7 @@ log = logging.getLogger("rallypoint.rendezvous")
 
 T = TypeVar("T")
 
-#: How long a join waits here for the master's word before the member is told to go direct.
+#: Longest a join waits here for the master's word before the member is told to go direct.
 JOIN_WAIT_S = 5.0
 #: Joins and reports arriving this close together go to the master in one batch (a herd's
 #: group arrives within milliseconds; a lone re-join waits this long at most).
@@ -59,7 +59,7 @@ class Relay:
         size = fanout.group_size(spec.nnodes, ctx.settings.relay_group_size)
         #: The ranks this relay serves (itself excluded).
         self.ranks = fanout.group(spec.rank, size, spec.nnodes)
-        self._poke = poke
+        self._send_poke = poke
         #: The master's peer API and epoch, from this node's own last join.
         self.upstream: tuple[str, int] | None = None
         self.epoch: str | None = None
@@ -67,6 +67,8 @@ class Relay:
         self.members: dict[int, Member] = {}
         self._unsent: dict[int, Member] = {}
         self._join_waiters: dict[int, list[asyncio.Future[wire.JoinAnswer]]] = {}
+        #: Members told to join the master directly: poked once the master answers us.
+        self._turned_away: set[int] = set()
         self._joins_due = asyncio.Event()
         self.doc: ClusterDoc | None = None
         self.encoded_doc: EncodedDoc | None = None
@@ -95,7 +97,12 @@ class Relay:
                 self._joins_due.set()
             if restarted:
                 self._set_doc(None)
-                self._poke_group()  # their answers carry the old epoch: re-join here
+                self._poke(self.ranks)  # their answers carry the old epoch: re-join here
+        if self._turned_away:
+            # They went to the master directly (maybe not up then) and stay there until
+            # poked: bring them back to the tree now that it works.
+            self._poke(sorted(self._turned_away))
+            self._turned_away.clear()
         self._upstream_known.set()
 
     def publish(self, doc: ClusterDoc) -> None:
@@ -104,7 +111,7 @@ class Relay:
         self._set_doc(doc)
         if later:
             # A member outside its long-poll (in a backoff pause) would miss it until then.
-            self._poke_group()
+            self._poke(self.ranks)
 
     # -- the group's requests ---------------------------------------------------------------
 
@@ -117,14 +124,20 @@ class Relay:
         waiter: asyncio.Future[wire.JoinAnswer] = asyncio.get_running_loop().create_future()
         self._join_waiters.setdefault(member.rank, []).append(waiter)
         self._joins_due.set()
+        # Answer before the member's own join timeout (the same setting on every node), so
+        # it hears "go direct" instead of timing out.
+        hold_s = min(JOIN_WAIT_S, 0.8 * self.ctx.settings.resolve_timeout_s)
+        answered = False
         try:
-            async with asyncio.timeout(JOIN_WAIT_S):
-                return await waiter
+            async with asyncio.timeout(hold_s):
+                answer = await waiter
+            answered = True
+            return answer
         except TimeoutError:
-            raise self._unavailable(
-                f"it has not reached the master within {JOIN_WAIT_S:g}s"
-            ) from None
+            raise self._unavailable(f"it has not reached the master within {hold_s:g}s") from None
         finally:
+            if not answered:
+                self._turned_away.add(member.rank)
             waiters = self._join_waiters.get(member.rank, [])
             if waiter in waiters:
                 waiters.remove(waiter)
@@ -232,6 +245,7 @@ class Relay:
                     # here later (the same facts again are harmless to it).
                     for member in chunk:
                         self._unsent.setdefault(member.rank, member)
+                        self._turned_away.add(member.rank)
 
     async def _send_reports(self) -> None:
         spec = self.ctx.spec
@@ -407,10 +421,10 @@ class Relay:
                 return None
         return value()
 
-    def _poke_group(self) -> None:
+    def _poke(self, ranks: Iterable[int]) -> None:
         if self.epoch is None:
             return
-        for rank in self.ranks:
-            task = asyncio.create_task(self._poke(self.ctx.spec.hosts[rank], self.epoch))
+        for rank in ranks:
+            task = asyncio.create_task(self._send_poke(self.ctx.spec.hosts[rank], self.epoch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

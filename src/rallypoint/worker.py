@@ -135,8 +135,6 @@ class Worker:
         master = self.ctx.spec.master
         body = wire.encode_join(wire.JoinRequest(self.ctx.spec.session, own, after))
         while True:
-            if self._poked.is_set():
-                self._skip_relay = False
             if self.relay is not None and not self._skip_relay:
                 joined = await self._join_relay(self.relay, body)
                 if joined is not None:
@@ -187,7 +185,8 @@ class Worker:
                 self.node.master_problem = problem
             else:
                 self.node.not_ready(problem)
-            await backoff.sleep()
+            if await backoff.sleep():
+                self._skip_relay = False  # poked: the relay may be back
 
     async def _join_relay(
         self, relay: str, body: bytes
@@ -222,6 +221,7 @@ class Worker:
             await asyncio.gather(poll, poked, return_exceptions=True)
         if not poll.done() or poll.cancelled():
             self._poked.clear()
+            self._skip_relay = False  # poked: the relay may be back
             raise _Rejoin("poked")
         try:
             return poll.result()

@@ -139,3 +139,29 @@ async def test_a_relay_refuses_what_is_not_its_groups() -> None:
         ):
             assert resp.status == 409
             assert (await resp.json())["code"] == "not_master"
+
+
+async def test_a_master_that_starts_last_gets_the_groups_through_their_relay() -> None:
+    """Members turned away while nobody reached the master wait in a backoff only a poke
+    ends; the relay pokes them once the master answers, and they come back to the tree."""
+    slow = {"relay_group_size": GROUP, "backoff_initial_s": 3600.0, "backoff_max_s": 3600.0}
+    per_node = {**TREE, 4: slow, 5: slow}
+    async with cluster(N, per_node=per_node) as c:
+        for rank in range(1, N):
+            await c.start(rank)
+        await until(
+            lambda: all(
+                c.nodes[r].metrics.value(
+                    "rallypoint_join_attempts_total", result="master_unreachable"
+                )
+                >= 1
+                for r in (4, 5)
+            ),
+            timeout_s=30,
+        )
+        await c.start(0)
+        await all_ready(c, timeout_s=60)
+        same_envs(c)
+        assert requests(c.nodes[0], "/v1/join") == 4  # ranks 1, 2, 3 and 6: not 4 or 5
+        for rank in (4, 5):
+            assert c.nodes[rank].metrics.value("rallypoint_pokes_received_total") >= 1
