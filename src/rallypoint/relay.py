@@ -88,6 +88,10 @@ class Relay:
     def upstream_joined(self, target: tuple[str, int], answer: wire.JoinAnswer) -> None:
         """This node joined the master at ``target``: batches go there; a new epoch re-sends all."""
         self.upstream = target
+        if self.epoch is None:
+            # Members that started before this sidecar listened went to the master directly
+            # and stay there until poked: bring them into the tree.
+            self._turned_away.update(set(self.ranks) - set(self.members))
         if answer.epoch != self.epoch:
             restarted = self.epoch is not None
             self.epoch = answer.epoch

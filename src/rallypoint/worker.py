@@ -18,6 +18,11 @@ from rallypoint.reasons import Reason, auth_reason
 log = logging.getLogger("rallypoint.rendezvous")
 
 
+#: For this long after start a member whose relay does not answer yet waits for it rather
+#: than going around it (sidecars of one job start within about a second of each other).
+RELAY_GRACE_S = 2.0
+
+
 class _Rejoin(Exception):
     """The long-poll ended in a way that calls for a new join (poke, lost connection)."""
 
@@ -65,6 +70,7 @@ class Worker:
         self.relay = None if relay is None else spec.hosts[relay]
         #: Set when the relay failed us: join the master directly until the next poke.
         self._skip_relay = False
+        self._started = ctx.clock()
         #: Why the master's last cluster document was refused (forged, tampered, invalid);
         #: kept as the reason until a valid document arrives, so re-joins do not hide it.
         self._refused: Reason | None = None
@@ -136,9 +142,14 @@ class Worker:
         body = wire.encode_join(wire.JoinRequest(self.ctx.spec.session, own, after))
         while True:
             if self.relay is not None and not self._skip_relay:
-                joined = await self._join_relay(self.relay, body)
+                joined, unreachable = await self._join_relay(self.relay, body)
                 if joined is not None:
                     return joined
+                if unreachable and self.ctx.clock() - self._started < RELAY_GRACE_S:
+                    # Started together with our relay, which may not listen yet: a member
+                    # going around it now would leave it to the master for the session.
+                    await backoff.sleep()
+                    continue
                 self._skip_relay = True
             res = await resolve.check(
                 self.ctx.resolver, master, None, timeout_s=self.ctx.settings.resolve_timeout_s
@@ -190,24 +201,27 @@ class Worker:
 
     async def _join_relay(
         self, relay: str, body: bytes
-    ) -> tuple[tuple[str, int], wire.JoinAnswer] | None:
-        """Join through our relay; None when it cannot answer (the master is asked directly)."""
+    ) -> tuple[tuple[tuple[str, int], wire.JoinAnswer] | None, bool]:
+        """Join through our relay: (where and its answer, or None when it cannot answer;
+        whether it was only unreachable rather than refusing)."""
         res = await resolve.check(
             self.ctx.resolver, relay, None, timeout_s=self.ctx.settings.resolve_timeout_s
         )
         if names.dials_self(res, accept_loopback=self.ctx.accept_loopback):
-            return None
+            return None, False
+        unreachable = bool(res.addresses)
         for address in res.addresses:
             target = self.ctx.endpoint(relay, address)
             try:
                 answer = await self.ctx.client.post_join(target, body, self.ctx.spec.session)
             except (PeerDown, JoinRejected, AuthError, PeerMessageError) as exc:
+                unreachable = unreachable and isinstance(exc, PeerDown)
                 log.info("relay_skipped", extra={"relay": relay, "error": str(exc)})
                 continue
             self.ctx.metrics.join_attempts.labels("accepted").inc()
             self.node.master_problem = None
-            return target, answer
-        return None
+            return (target, answer), False
+        return None, unreachable
 
     async def _poll(self, target: tuple[str, int], after: str | None) -> ClusterDoc | None:
         """One long-poll; the document, None on timeout, _Rejoin on a poke or lost master."""
