@@ -28,9 +28,9 @@ def peer_requests(node: harness.Node, route: str) -> float:
     text = node.get("/metrics").text
     total = 0.0
     for line in text.splitlines():
-        if line.startswith("rallypoint_http_requests_total{") and f'route="{route}"' in line:
-            if 'api="peer"' in line and 'status="200"' in line:
-                total += float(line.rsplit(" ", 1)[1])
+        labels = (f'route="{route}"', 'api="peer"', 'status="200"')
+        if line.startswith("rallypoint_http_requests_total{") and all(x in line for x in labels):
+            total += float(line.rsplit(" ", 1)[1])
     return total
 
 
