@@ -8,6 +8,12 @@ only when every worker got the same document bytes and that document lists every
 Master CPU is utime + stime from /proc/<pid>/stat over that interval; peak RSS is its
 VmHWM. Needs root (network namespaces).
 
+Two modes, interleaved run by run: ``tree``, the sidecars as they run by default (from 512
+nodes the fan-out tree of docs/scale.md: simulated relays speak to the master as a relay
+does, and one group is served by a real relay sidecar in its own namespace, so a real
+relay's hop is on the measured path), and ``direct`` (``--relay-group 0``: every simulated
+worker joins the master itself).
+
     python bench/scale.py                    # N = 64, 512, 1024, 4096, 3 runs each
     python bench/scale.py --sizes 16384 --runs 1   # stretch
     python bench/scale.py --quick            # N = 64, 512, one run each
@@ -104,16 +110,7 @@ def run_once(
         n, procs=args.procs, sim_cpus=sim_cpus, timeout_s=args.timeout, tree=mode == "tree"
     )
     s = r.sim
-    # A real relay is not simulated: it counts as verified once its own /readyz says so.
-    simulated = n - (r.real_relay is not None)
-    complete = (
-        s["verified_ok"] == simulated
-        and s["docs_identical"]
-        and (r.real_relay is None or r.real_relay_ready_s is not None)
-    )
-    times = [*s["verified_s"], *([r.real_relay_ready_s] if r.real_relay_ready_s else [])]
-    converge = max(times) if complete else float("nan")
-    doc_s = max(s["doc_s"]) if s["doc_ok"] == simulated else float("nan")
+    converge, doc_s = r.converge_s, r.last_doc_s
     print(
         f"N={n:5d} {mode:6s} run {i}: group {r.relay_group}, real relay {r.real_relay} "
         f"(ready {r.real_relay_ready_s}, CPU {r.real_relay_cpu_s:.2f} s), "

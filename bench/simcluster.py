@@ -64,6 +64,33 @@ class SimResult:
     #: From the simulated start until the real relay's /readyz is 200.
     real_relay_ready_s: float | None = None
     real_relay_cpu_s: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        """Every node verified one identical, complete document (a real relay: its /readyz)."""
+        s = self.sim
+        simulated = s["count"] - (self.real_relay is not None)
+        return (
+            s["verified_ok"] == simulated
+            and s["docs_identical"]
+            and (self.real_relay is None or self.real_relay_ready_s is not None)
+        )
+
+    @property
+    def converge_s(self) -> float:
+        """Until the last node held a verified verdict; NaN unless complete."""
+        if not self.complete:
+            return float("nan")
+        relay = [self.real_relay_ready_s] if self.real_relay_ready_s is not None else []
+        return float(max([*self.sim["verified_s"], *relay]))
+
+    @property
+    def last_doc_s(self) -> float:
+        """Until the last simulated node held the document; NaN unless all did."""
+        s = self.sim
+        simulated = s["count"] - (self.real_relay is not None)
+        return float(max(s["doc_s"])) if s["doc_ok"] == simulated else float("nan")
+
     #: TcpExt counters in the master's namespace: accept-queue overflows and dropped SYNs.
     listen_overflows: int = 0
     listen_drops: int = 0
