@@ -19,7 +19,7 @@ from typing import Protocol
 from rallypoint import wire
 from rallypoint.backoff import Backoff
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
-from rallypoint.masterbook import MasterBook
+from rallypoint.masterbook import MasterBook, stale_generation
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.peerhttp import PeerClient
 from rallypoint.reasons import Reason
@@ -70,13 +70,7 @@ async def answer_reports(
         book.report(report)  # checks each: session, rank and host, generation
     verdict = book.verdict
     if verdict is None or verdict.generation != generation:  # an empty batch: a pure poll
-        current = None if book.doc is None else book.doc.generation
-        raise JoinRejected(
-            409,
-            "stale_generation",
-            f"report for generation {generation}, but the current one is {current}; "
-            "fetch the new cluster document",
-        )
+        raise stale_generation(generation, book.doc)
     # A node that passed has nothing to act on until the verdict lands or a failure
     # appears: hold its answer (one request per node on the happy path, not two).
     quiet = (

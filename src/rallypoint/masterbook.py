@@ -50,6 +50,16 @@ class EncodedDoc:
         return cls(body, hashlib.sha256(body).digest(), packed)
 
 
+def stale_generation(generation: str, doc: ClusterDoc | None) -> JoinRejected:
+    """The refusal of a report for another generation than ``doc``'s (master or relay)."""
+    return JoinRejected(
+        409,
+        "stale_generation",
+        f"report for generation {generation}, but the current one is "
+        f"{None if doc is None else doc.generation}; fetch the new cluster document",
+    )
+
+
 class MasterBook:
     """The master's record of joined nodes and the cluster document derived from it."""
 
@@ -174,12 +184,7 @@ class MasterBook:
                 403, "impostor", f"host {report.host!r} cannot report for rank {report.rank}"
             )
         if doc is None or report.generation != doc.generation:
-            raise JoinRejected(
-                409,
-                "stale_generation",
-                f"report for generation {report.generation}, but the current one is "
-                f"{None if doc is None else doc.generation}; fetch the new cluster document",
-            )
+            raise stale_generation(report.generation, doc)
         old = self.reports.get(report.rank)
         self.reports[report.rank] = report
         rank = report.rank

@@ -20,7 +20,7 @@ from rallypoint import fanout, wire, wirebatch
 from rallypoint.backoff import Backoff
 from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
-from rallypoint.masterbook import EncodedDoc
+from rallypoint.masterbook import EncodedDoc, stale_generation
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.wirefields import dump
 
@@ -165,12 +165,7 @@ class Relay:
         self._check(report.session, report.rank, report.host)
         doc = self.doc
         if doc is None or report.generation != doc.generation:
-            raise JoinRejected(
-                409,
-                "stale_generation",
-                f"report for generation {report.generation}, but the current one is "
-                f"{None if doc is None else doc.generation}; fetch the new cluster document",
-            )
+            raise stale_generation(report.generation, doc)
         old = self.reports.get(report.rank)
         self.reports[report.rank] = report
         if old is None or _facts(old) != _facts(report):
