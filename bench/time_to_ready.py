@@ -70,9 +70,14 @@ def watch(node: harness.Node, out: dict[str, float], spawned: bool) -> None:
 
 
 def one_run(
-    cluster: harness.Cluster, scenario: str, wait_s: float, args: tuple[str, ...] = ()
+    cluster: harness.Cluster,
+    scenario: str,
+    wait_s: float,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """One measurement; ``args`` go to every `rallypoint serve` (checks_cost.py varies them)."""
+    """One measurement; ``args`` and ``env`` go to every `rallypoint serve` (checks_cost.py
+    varies them, and runs another checkout's code with PYTHONPATH in ``env``)."""
     nodes = list(cluster)
     last = nodes[0] if scenario == "master_last" else nodes[-1]
     master = nodes[0].name
@@ -82,7 +87,7 @@ def one_run(
     early = [n for n in nodes if n is not last]
     baselines = []
     for node in early:
-        node.start_sidecar(args)
+        node.start_sidecar(args, env=env)
         baselines.append(
             node.spawn([sys.executable, str(BASELINE), "kubeflow", master], label="kubeflow")
         )
@@ -109,7 +114,7 @@ def one_run(
     for node in nodes:
         node.unpin()
     t0 = time.monotonic()
-    last.start_sidecar(args)
+    last.start_sidecar(args, env=env)
     late = [
         last.spawn([sys.executable, str(BASELINE), "kubeflow", master], label="kubeflow"),
         last.spawn([sys.executable, str(BASELINE), "sagemaker", *hosts], label="sagemaker"),
