@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from rallypoint import connectivity, netinfo, wire
+from rallypoint import connectivity, wire
 from rallypoint.backoff import Backoff
 from rallypoint.clustercheck import GenerationCheck, Transport, cancel_quietly
 from rallypoint.context import NodeContext
@@ -54,6 +54,8 @@ class Verification:
         self.net = wire.NetFacts()
         self._verify_task: asyncio.Task[None] | None = None
         self._last_generation: str | None = None
+        #: The generation the on_generation callbacks last ran for.
+        self._announced: str | None = None
 
     async def close(self) -> None:
         """Cancel the verification in flight; closing twice is safe."""
@@ -72,11 +74,6 @@ class Verification:
         self.doc = doc
         self.ctx.peers.listed(doc.members)
         log.info("cluster_document", extra={"generation": doc.generation})
-        for callback in self._on_generation:
-            try:
-                callback(doc)
-            except Exception:
-                log.exception("generation_callback_failed")
         self._start_verification(doc)
 
     def lose_generation(self, reason: Reason) -> None:
@@ -141,7 +138,7 @@ class Verification:
             while True:
                 checked = await self._verify.check(doc)
                 self.ctx.readiness.verify_warnings = [checked.warning] if checked.warning else []
-                self.net = check.net = await asyncio.to_thread(_net_facts, checked.route_ifname)
+                self.net = check.net = checked.net
                 outcome: Env | Reason = (
                     checked.failures[0] if checked.failures else self._verify.derive(doc, checked)
                 )
@@ -152,6 +149,7 @@ class Verification:
                 # without a restart (a poke or a re-join retries at once).
                 check.update(checked.failures or [outcome])
                 await check.reported(self.ctx.settings.resolve_timeout_s)
+                self._announce(doc)
                 await recheck.sleep()
             if self._prober is not None:
                 targets = self._targets(doc)
@@ -170,9 +168,28 @@ class Verification:
                 # Before ready: the job's own listeners must find the held ports free to bind.
                 await windows.close()
             self.ctx.readiness.become_ready(outcome, doc.generation)
+            self._announce(doc)
         finally:
             await cancel_quietly(probes)
             await cancel_quietly(follow)
+
+    def _announce(self, doc: ClusterDoc) -> None:
+        """Run the on_generation callbacks (the mDNS re-announce) once per generation.
+
+        Only once this node's checks of ``doc`` settled (ready, or a failure reported): while
+        the cluster verifies, N announcements would make N x N mDNS receptions compete with
+        the checks for CPU, and a master announcing before its document reached a worker over
+        HTTP makes that worker re-join for a document it is about to get. A worker outside
+        its long-poll gets new documents from the master's poke meanwhile.
+        """
+        if self._announced == doc.generation:
+            return
+        self._announced = doc.generation
+        for callback in self._on_generation:
+            try:
+                callback(doc)
+            except Exception:
+                log.exception("generation_callback_failed")
 
     def _targets(self, doc: ClusterDoc) -> list[connectivity.Target]:
         """The connections to try for ``doc``: the master port and the peers in scope."""
@@ -197,12 +214,3 @@ class Verification:
         ):
             current = [r for r in check.local if r.code != "verifying" and r.host != host]
             check.update([*current, reason])
-
-
-def _net_facts(ifname: str | None) -> wire.NetFacts:
-    """The route interface's MTU and whether RDMA devices are visible (blocking: sysfs)."""
-    return wire.NetFacts(
-        ifname=ifname,
-        mtu=None if ifname is None else netinfo.mtu(ifname),
-        rdma=netinfo.rdma_visible(),
-    )
