@@ -19,6 +19,8 @@ log = logging.getLogger("rallypoint.rendezvous")
 
 #: Called with (document, peer host, reason) when a peer's first check fails.
 PeerFailure = Callable[[ClusterDoc, str, Reason], None]
+#: Called with (document, peer rank, resolution) as soon as a peer's name passed.
+PeerPassed = Callable[[ClusterDoc, int, Resolution], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +51,12 @@ class Verifier:
         *,
         user: Mapping[str, tuple[str, OverrideSource]],
         on_peer_failure: PeerFailure,
+        on_peer_passed: PeerPassed | None = None,
     ) -> None:
         self.ctx = ctx
         self.user = user
         self._on_peer_failure = on_peer_failure
+        self._on_peer_passed = on_peer_passed
 
     async def check(self, doc: ClusterDoc) -> Checked:
         """Resolve our own name and every peer name in scope; what failed and why."""
@@ -132,6 +136,7 @@ class Verifier:
         self.ctx.peers.resolved(member.rank, res)
         reason = self._peer_reason(res)
         if reason is None:
+            self._passed(doc, member.rank, res)
             return res
         # Show the first failure at once; the retries below may take until the deadline.
         self._on_peer_failure(doc, member.host, reason)
@@ -148,7 +153,13 @@ class Verifier:
         )
         self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
         self.ctx.peers.resolved(member.rank, res)
+        if self._peer_reason(res) is None:
+            self._passed(doc, member.rank, res)
         return res
+
+    def _passed(self, doc: ClusterDoc, rank: int, res: Resolution) -> None:
+        if self._on_peer_passed is not None:
+            self._on_peer_passed(doc, rank, res)
 
     def _peer_reason(self, res: Resolution) -> Reason | None:
         return names.peer_reason(res, accept_loopback=self.ctx.accept_loopback)

@@ -119,6 +119,31 @@ async def test_a_clean_cluster_probes_every_pair_and_closes_its_windows() -> Non
         await c.close()
 
 
+async def test_a_peer_is_probed_as_soon_as_its_name_passed() -> None:
+    """node1's lookup of node2 hangs: node1 already tries the master's ports meanwhile, and
+    turns ready only once node2's name passed too (its early outcomes count then)."""
+    c = Steered(3, per_node={rank: dict(FAST) for rank in range(3)})
+    node2 = c.resolvers[1]["node2"]
+    c.resolvers[1].set("node2", node2, hang=True)
+    try:
+        await start_steered(c)
+        metrics = c.nodes[1].node.metrics
+
+        def probed(kind: str) -> float:
+            return metrics.value("rallypoint_probes_sent_total", kind=kind, cause="ok")
+
+        await until(lambda: probed("master") >= 1 and probed("probe") >= 1)
+        assert not c.nodes[1].node.ready
+        assert "verifying" in codes(c.nodes[1])
+        c.resolvers[1].set("node2", node2)  # the next lookup (after the check's timeout) answers
+        await all_ready(c)
+        # node2's ports were tried too, and every node's verdict says all passed.
+        assert probed("probe") >= 2
+        assert all(s.node.status()["checks"]["verdict"]["verified"] for s in c.nodes.values())
+    finally:
+        await c.close()
+
+
 @pytest.mark.parametrize(
     ("detour", "cause"),
     [
