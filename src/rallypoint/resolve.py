@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import socket
 import threading
@@ -36,8 +37,10 @@ class SystemResolver(AsyncResource):
     Lookups queue up and one thread resolves them in turn, handing each answer back as it
     comes: waking a thread per name cost more than the lookups themselves when a cluster's
     nodes all check every peer name at once on a few cores (docs/performance.md, section 7).
-    While no queued name has started for STALL_S (one name is slow: a DNS timeout), another
-    thread joins, up to ``workers``, so one slow name delays the others by STALL_S at most.
+    Whenever no queued name started for STALL_S (a name hangs on DNS, or every lookup is a
+    slow DNS round trip), the threads double, up to ``workers`` and to the names waiting: one
+    slow name delays the others by STALL_S, and a slow resolver gets ``workers`` threads
+    within a few STALL_S.
     """
 
     def __init__(self, workers: int = 16) -> None:
@@ -101,21 +104,22 @@ class SystemResolver(AsyncResource):
                 result: list[Any] | BaseException = exc
             else:
                 result = infos
-            try:
+            # A closed loop (RuntimeError) has nobody waiting for the answer.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, answer, result)
-            except RuntimeError:
-                return  # the loop is closed: nobody waits for the answer
 
     def _watch(self, loop: asyncio.AbstractEventLoop, seen: int) -> None:
-        """While names wait, add a thread whenever none of them started for STALL_S."""
+        """While names wait, double the threads whenever none of them started for STALL_S."""
         with self._lock:
             if not self._queue:
                 self._watching = False
                 return
-            stalled = self._started == seen and self._threads < self._workers
-            self._threads += stalled
+            more = 0
+            if self._started == seen:
+                more = min(max(self._threads, 1), self._workers - self._threads, len(self._queue))
+            self._threads += more
             seen = self._started
-        if stalled:
+        for _ in range(more):
             self._executor.submit(self._drain)
         loop.call_later(STALL_S, self._watch, loop, seen)
 

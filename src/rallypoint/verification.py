@@ -191,6 +191,7 @@ class Verification:
             await cancel_quietly(follow)
 
     def _probed(self, check: GenerationCheck, failed: list[Reason]) -> None:
+        """A round of probes ended: show and report what failed, or that this node passed."""
         log.debug("probes_done", extra={"failed": len(failed)})
         check.update(failed, passed=not failed)
 

@@ -362,6 +362,24 @@ async def test_system_resolver_a_slow_name_does_not_hold_up_the_others(
             await slow
 
 
+async def test_system_resolver_gives_a_slow_resolver_every_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every lookup is slow (each waits for the others to start): the threads grow to all
+    the workers instead of resolving one name at a time."""
+    together = threading.Barrier(4)
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        together.wait(20)  # BrokenBarrierError unless four lookups run at once
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(resolve.socket, "getaddrinfo", getaddrinfo)
+    async with SystemResolver(workers=4) as resolver:
+        answers = await asyncio.gather(*(resolver.lookup(f"n{i}.test") for i in range(4)))
+    assert answers == [["127.0.0.1"]] * 4
+
+
 async def test_system_resolver_answers_many_names_at_once() -> None:
     async with SystemResolver(workers=3) as resolver:
         answers = await asyncio.gather(*(resolver.lookup("127.0.0.1") for _ in range(40)))
