@@ -178,6 +178,8 @@ class Verification:
                 )
             else:
                 check.update([], passed=True)
+                if self.book is not None:
+                    self._announce(doc)
             verdict = await follow
             self.ctx.readiness.verify_warnings += list(verdict.warnings)
             if windows is not None:
@@ -194,6 +196,8 @@ class Verification:
         """A round of probes ended: show and report what failed, or that this node passed."""
         log.debug("probes_done", extra={"failed": len(failed)})
         check.update(failed, passed=not failed)
+        if self.book is not None or failed:
+            self._announce(check.doc)  # see _announce: when a node announces a generation
 
     def _probe_early(self, doc: ClusterDoc, rank: int, res: Resolution) -> None:
         """A peer's name passed: try its connections now, while other names are checked.
@@ -215,11 +219,13 @@ class Verification:
     def _announce(self, doc: ClusterDoc) -> None:
         """Run the on_generation callbacks (the mDNS re-announce) once per generation.
 
-        Only once this node's checks of ``doc`` settled (ready, or a failure reported): while
-        the cluster verifies, N announcements would make N x N mDNS receptions compete with
-        the checks for CPU, and a master announcing before its document reached a worker over
-        HTTP makes that worker re-join for a document it is about to get. A worker outside
-        its long-poll gets new documents from the master's poke meanwhile.
+        Not on arrival: a master announcing before its document reached a worker over HTTP
+        made that worker re-join for a document it was about to get, and N announcements
+        made N x N mDNS receptions compete with the checks for CPU. A worker announces once
+        ready or once a failure was reported (its announcement only shows in `rallypoint
+        peers`); the master once its own checks settled (its first round of probes, or a
+        failure reported), since its announcement also wakes a worker that is outside its
+        long-poll and missed the poke.
         """
         if self._announced == doc.generation:
             return

@@ -144,6 +144,31 @@ async def test_a_peer_is_probed_as_soon_as_its_name_passed() -> None:
         await c.close()
 
 
+async def test_the_master_announces_its_generation_once_its_own_checks_passed() -> None:
+    """node1 cannot reach node2, so nobody turns ready. The master's generation is announced
+    all the same (its mDNS announcement wakes a worker that missed the poke), node1's once
+    its failure is known, node2's not while it only waits for the verdict."""
+    c = Steered(3, per_node={rank: dict(FAST) for rank in range(3)})
+    c.detours[(1, "node2")] = ("127.0.0.1", closed_port())
+    announced: dict[int, list[str]] = {0: [], 1: [], 2: []}
+    try:
+        for rank in range(3):
+            c.route = c.route_for(rank)  # type: ignore[method-assign]
+            sidecar = await c.start(rank)
+            sidecar.node.on_generation.append(
+                lambda doc, r=rank: announced[r].append(doc.generation)
+            )
+        await until(lambda: bool(announced[0]) and bool(announced[1]))
+        await until(
+            lambda: "cluster_failed" in codes(c.nodes[2]) or "peer_unreachable" in codes(c.nodes[2])
+        )
+        assert not any(s.node.ready for s in c.nodes.values())
+        assert announced[0] == announced[1] == [c.nodes[0].node.generation]
+        assert announced[2] == []
+    finally:
+        await c.close()
+
+
 @pytest.mark.parametrize(
     ("detour", "cause"),
     [
