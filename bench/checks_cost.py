@@ -7,11 +7,18 @@ still collected), interleaved so that both see the same machine load.
 
     python bench/checks_cost.py                  # N = 8 16, 10 runs each
     python bench/checks_cost.py --quick          # N = 8, 2 runs
+    python bench/checks_cost.py --against /tmp/main --variant main=checks
+                                                 # A/B: another checkout's code interleaved
+
+``--variant NAME=ARGS`` replaces the variants (repeatable; ARGS go to every `rallypoint serve`,
+space-separated, may be empty). With ``--against CHECKOUT`` a variant whose name starts with
+``main`` runs that checkout's src/ (PYTHONPATH), the others this one's.
 """
 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import common
 from time_to_ready import each_cluster, one_run
@@ -19,21 +26,43 @@ from time_to_ready import each_cluster, one_run
 VARIANTS = {"checks": (), "no_probe": ("--no-probe",)}
 
 
+def variants(specs: list[str] | None) -> dict[str, tuple[str, ...]]:
+    """NAME=ARGS specs as name -> serve arguments (the default pair when none given)."""
+    if not specs:
+        return dict(VARIANTS)
+    out = {}
+    for spec in specs:
+        name, _, args = spec.partition("=")
+        out[name] = tuple(args.split())
+    return out
+
+
 def main() -> None:
     p = common.parser(__doc__)
     p.add_argument("--sizes", type=int, nargs="+", default=[8, 16])
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--wait", type=float, default=3.0, help="seconds the others wait first")
+    p.add_argument("--scenarios", nargs="+", default=["master_last", "worker_last"])
+    p.add_argument("--variant", action="append", help="NAME=ARGS (repeatable)")
+    p.add_argument("--against", type=Path, help="another checkout, for variants named main*")
+    p.add_argument("--out", default="checks_cost", help="name of the JSON summary")
     args = p.parse_args()
     if args.quick:
         args.sizes, args.runs = [8], 2
+    chosen = variants(args.variant)
+    envs: dict[str, dict[str, str] | None] = {
+        name: {"PYTHONPATH": str(args.against.resolve() / "src")}
+        if args.against is not None and name.startswith("main")
+        else None
+        for name in chosen
+    }
     table = []
     for n, cluster in each_cluster(args.sizes, "checks-cost", "rp-cost-"):
-        for scenario in ("master_last", "worker_last"):
-            samples: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS}
+        for scenario in args.scenarios:
+            samples: dict[str, dict[str, list[float]]] = {v: {} for v in chosen}
             for i in range(args.runs):
-                for variant, extra in VARIANTS.items():
-                    run = one_run(cluster, scenario, args.wait, extra)
+                for variant, extra in chosen.items():
+                    run = one_run(cluster, scenario, args.wait, extra, envs[variant])
                     for key in ("rallypoint_from_spawn", "rallypoint_from_livez"):
                         samples[variant].setdefault(key, []).append(run[key])
                     print(
@@ -46,35 +75,57 @@ def main() -> None:
             for variant, by_key in samples.items():
                 for key, values in by_key.items():
                     row[f"{variant}_{key}"] = common.summary(values, 1000)
-            added = statistics.median(
-                samples["checks"]["rallypoint_from_livez"]
-            ) - statistics.median(samples["no_probe"]["rallypoint_from_livez"])
-            row["checks_add_from_livez_p50_ms"] = round(added * 1000, 1)
+            if "checks" in samples and "no_probe" in samples:
+                added = statistics.median(
+                    samples["checks"]["rallypoint_from_livez"]
+                ) - statistics.median(samples["no_probe"]["rallypoint_from_livez"])
+                row["checks_add_from_livez_p50_ms"] = round(added * 1000, 1)
             table.append(row)
-    print(f"\n{'N':>3} {'scenario':11s} {'checks p50':>10} {'no-probe p50':>12} {'added':>7}")
-    for row in table:
-        with_checks = row["checks_rallypoint_from_livez"]["p50"]  # type: ignore[index]
-        without = row["no_probe_rallypoint_from_livez"]["p50"]  # type: ignore[index]
-        print(
-            f"{row['nnodes']:3d} {row['scenario']:11s} {with_checks:10.0f} {without:12.0f} "
-            f"{row['checks_add_from_livez_p50_ms']:7.1f}"
-        )
-    targets = {
-        f"n8_{row['scenario']}_added_p50_ms": common.target(
-            row["checks_add_from_livez_p50_ms"],
-            "<= 20",
-            float(row["checks_add_from_livez_p50_ms"]) <= 20,  # type: ignore[arg-type]
-        )
-        for row in table
-        if row["nnodes"] == 8
-    }
-    common.print_targets(targets)
-    common.write_run_summary(
-        "checks_cost",
-        args,
-        f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs} --wait {args.wait:g}",
-        {"table": table, "targets": targets},
+    report(table, list(chosen))
+    options = (
+        f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs} --wait {args.wait:g} "
+        f"--scenarios {' '.join(args.scenarios)}"
+        + "".join(f" --variant '{name}={' '.join(extra)}'" for name, extra in chosen.items())
+        + (f" --against {args.against}" if args.against is not None else "")
     )
+    data = {"table": table, "targets": targets(table, list(chosen))}
+    if args.out == "checks_cost":
+        common.write_run_summary("checks_cost", args, options, data)
+    else:
+        command = f"python bench/checks_cost.py {options} --out {args.out}"
+        common.write_summary(args.out, {"command": command, **data})
+
+
+def report(table: list[dict[str, object]], names: list[str]) -> None:
+    """From the last /livez to ready, p50/p99 ms, one column per variant."""
+    print(f"\n{'N':>3} {'scenario':11s} " + " ".join(f"{n + ' p50/p99':>22}" for n in names))
+    for row in table:
+        cells = []
+        for name in names:
+            s = row[f"{name}_rallypoint_from_livez"]
+            cells.append(f"{s['p50']:>14.0f}/{s['p99']:<7.0f}")  # type: ignore[index]
+        print(f"{row['nnodes']:3d} {row['scenario']:11s} " + " ".join(cells))
+
+
+def targets(table: list[dict[str, object]], names: list[str]) -> dict[str, dict[str, object]]:
+    """Issue #14: rendezvous p50 <= 20 ms at N = 8, <= 40 ms at N = 16 (checks on); and the
+    checks' share at N = 8 <= 20 ms when both the checks and --no-probe ran."""
+    out: dict[str, dict[str, object]] = {}
+    limits = {8: 20.0, 16: 40.0}
+    for row in table:
+        n, scenario = row["nnodes"], row["scenario"]
+        if "checks" in names and n in limits:
+            p50 = row["checks_rallypoint_from_livez"]["p50"]  # type: ignore[index]
+            out[f"n{n}_{scenario}_from_livez_p50_ms"] = common.target(
+                p50,
+                f"<= {limits[n]:g}",
+                p50 <= limits[n],  # type: ignore[arg-type,index]
+            )
+        if n == 8 and "checks_add_from_livez_p50_ms" in row:
+            added = float(row["checks_add_from_livez_p50_ms"])  # type: ignore[arg-type]
+            out[f"n8_{scenario}_added_p50_ms"] = common.target(added, "<= 20", added <= 20)
+    common.print_targets(out)
+    return out
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import common
@@ -50,12 +50,19 @@ def started(proc: harness.Proc) -> bool:
     return "started" in proc.log()
 
 
-def watch(node: harness.Node, out: dict[str, float], spawned: bool) -> None:
+def watch(
+    node: harness.Node,
+    out: dict[str, float],
+    spawned: bool,
+    on_live: Callable[[], None] | None = None,
+) -> None:
     """Record when node first answers /livez (if spawned) and when it turns ready."""
     if spawned:
         while node.try_get("/livez", timeout_s=1) is None:
             time.sleep(0.002)
         out["live"] = time.monotonic()
+        if on_live is not None:
+            on_live()
     while True:
         try:
             reply = harness.http_get(
@@ -70,9 +77,18 @@ def watch(node: harness.Node, out: dict[str, float], spawned: bool) -> None:
 
 
 def one_run(
-    cluster: harness.Cluster, scenario: str, wait_s: float, args: tuple[str, ...] = ()
+    cluster: harness.Cluster,
+    scenario: str,
+    wait_s: float,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    marks_out: dict[str, dict[str, float]] | None = None,
+    hooks: tuple[Callable[[], None], Callable[[], None]] | None = None,
 ) -> dict[str, float]:
-    """One measurement; ``args`` go to every `rallypoint serve` (checks_cost.py varies them)."""
+    """One measurement; ``args`` and ``env`` go to every `rallypoint serve` (checks_cost.py
+    varies them, and runs another checkout's code with PYTHONPATH in ``env``); ``marks_out``
+    receives each node's monotonic "live" (the last node) and "ready" times; ``hooks`` run
+    when the last node first answered /livez and once every node is ready (trace_ready.py)."""
     nodes = list(cluster)
     last = nodes[0] if scenario == "master_last" else nodes[-1]
     master = nodes[0].name
@@ -82,7 +98,7 @@ def one_run(
     early = [n for n in nodes if n is not last]
     baselines = []
     for node in early:
-        node.start_sidecar(args)
+        node.start_sidecar(args, env=env)
         baselines.append(
             node.spawn([sys.executable, str(BASELINE), "kubeflow", master], label="kubeflow")
         )
@@ -105,11 +121,16 @@ def one_run(
     if scenario == "worker_last":
         time.sleep(wait_s)
     marks: dict[str, dict[str, float]] = {n.name: {} for n in nodes}
-    threads = [threading.Thread(target=watch, args=(n, marks[n.name], n is last)) for n in nodes]
+    if marks_out is not None:
+        marks_out.update(marks)  # the same dicts: each node's "live" and "ready" land there
+    on_live = None if hooks is None else hooks[0]
+    threads = [
+        threading.Thread(target=watch, args=(n, marks[n.name], n is last, on_live)) for n in nodes
+    ]
     for node in nodes:
         node.unpin()
     t0 = time.monotonic()
-    last.start_sidecar(args)
+    last.start_sidecar(args, env=env)
     late = [
         last.spawn([sys.executable, str(BASELINE), "kubeflow", master], label="kubeflow"),
         last.spawn([sys.executable, str(BASELINE), "sagemaker", *hosts], label="sagemaker"),
@@ -118,6 +139,8 @@ def one_run(
         thread.start()
     for thread in threads:
         thread.join(90)
+    if hooks is not None:
+        hooks[1]()
     ready = max(m["ready"] for m in marks.values())
     everything = baselines + late
     kubeflow = max(exit_time(p, 60) for p in everything if p.name.endswith("kubeflow"))

@@ -184,6 +184,9 @@ class GenerationCheck:
                 await backoff.sleep()
                 continue
             backoff.reset()
+            log.debug(
+                "verdict_answered", extra={"version": verdict.version, "verified": verdict.verified}
+            )
             self.problem = None
             self._answered = state
             progress, self._progress = self._progress, asyncio.Event()

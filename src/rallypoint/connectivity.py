@@ -154,11 +154,21 @@ class Prober:
         self._rng = rng
         self._slots = asyncio.Semaphore(settings.probe_workers)
 
+    def start(self, target: Target) -> asyncio.Task[probe.Outcome]:
+        """Probe one target now, ahead of run() (its name passed before the others')."""
+        return asyncio.ensure_future(self._one(target))
+
     async def run(
-        self, targets: Sequence[Target], on_change: Callable[[list[Reason]], None]
+        self,
+        targets: Sequence[Target],
+        on_change: Callable[[list[Reason]], None],
+        started: Mapping[Target, asyncio.Task[probe.Outcome]] | None = None,
     ) -> None:
-        """Probe every target; retry the failing ones until none fails (or cancelled)."""
-        failing = await self._round(targets)
+        """Probe every target; retry the failing ones until none fails (or cancelled).
+
+        The first round takes the outcome of a probe already ``started`` for a target.
+        """
+        failing = await self._round(targets, started or {})
         on_change(list(failing.values()))
         # Half jitter: a floor of half the ceiling keeps retries of a failing port spaced out.
         backoff = Backoff(
@@ -174,8 +184,13 @@ class Prober:
                 on_change(list(retried.values()))
             failing = retried
 
-    async def _round(self, targets: Sequence[Target]) -> dict[Target, Reason]:
-        outcomes = await asyncio.gather(*(self._one(t) for t in targets))
+    async def _round(
+        self,
+        targets: Sequence[Target],
+        started: Mapping[Target, asyncio.Task[probe.Outcome]] | None = None,
+    ) -> dict[Target, Reason]:
+        early = started or {}
+        outcomes = await asyncio.gather(*(early.get(t) or self._one(t) for t in targets))
         return {
             t: unreachable_reason(
                 (self.spec.rank, self.spec.host),

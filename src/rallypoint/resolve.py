@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import functools
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 from rallypoint import names
 from rallypoint.backoff import Backoff
@@ -25,15 +27,37 @@ class Resolver(Protocol):
         ...
 
 
+#: A lookup running longer than this lets the names queued behind it start on another thread.
+STALL_S = 0.02
+
+
 class SystemResolver(AsyncResource):
-    """getaddrinfo on a bounded thread pool, so a slow name never stalls the event loop."""
+    """getaddrinfo on a bounded thread pool, so a slow name never stalls the event loop.
+
+    Lookups queue up and one thread resolves them in turn, handing each answer back as it
+    comes: waking a thread per name cost more than the lookups themselves when a cluster's
+    nodes all check every peer name at once on a few cores (docs/performance.md, section 7).
+    Whenever no queued name started for STALL_S (a name hangs on DNS, or every lookup is a
+    slow DNS round trip), the threads double, up to ``workers`` and to the names waiting: one
+    slow name delays the others by STALL_S, and a slow resolver gets ``workers`` threads
+    within a few STALL_S.
+    """
 
     def __init__(self, workers: int = 16) -> None:
         if workers < 1:
             raise ValueError(f"resolver workers must be at least 1, got {workers}")
+        self._workers = workers
         self._executor = ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="rallypoint-resolve"
         )
+        # Shared with the pool's threads, under the lock.
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[str, asyncio.Future[list[Any]], asyncio.AbstractEventLoop]] = (
+            deque()
+        )
+        self._threads = 0  # drain jobs submitted and not finished
+        self._started = 0  # lookups taken off the queue so far
+        self._watching = False
 
     async def start(self) -> None:
         """Nothing to acquire: the pool starts its threads on the first lookup."""
@@ -41,9 +65,19 @@ class SystemResolver(AsyncResource):
     async def lookup(self, host: str) -> list[str]:
         """The addresses getaddrinfo gives for ``host``, deduplicated, without scope ids."""
         loop = asyncio.get_running_loop()
-        query = functools.partial(socket.getaddrinfo, host, None, type=socket.SOCK_STREAM)
+        answer: asyncio.Future[list[Any]] = loop.create_future()
+        with self._lock:
+            self._queue.append((host, answer, loop))
+            drain = self._threads == 0
+            self._threads += drain
+            watch, self._watching = not self._watching, True
+            started = self._started
+        if drain:
+            self._executor.submit(self._drain)
+        if watch:
+            loop.call_later(STALL_S, self._watch, loop, started)
         try:
-            infos = await loop.run_in_executor(self._executor, query)
+            infos = await answer
         except UnicodeError as exc:
             # The IDNA codec rejects names such as "a..b" before any query is sent.
             raise socket.gaierror(socket.EAI_NONAME, f"invalid host name: {exc}") from exc
@@ -52,6 +86,51 @@ class SystemResolver(AsyncResource):
     def close(self) -> None:
         """Stop the pool without waiting for lookups that hang; closing twice is safe."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _drain(self) -> None:
+        """In a pool thread: resolve queued names until none is left."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._threads -= 1
+                    return
+                host, answer, loop = self._queue.popleft()
+                self._started += 1
+            if answer.done():
+                continue  # the caller gave up (its timeout) before the lookup started
+            try:
+                infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except BaseException as exc:  # handed to the caller, as run_in_executor would
+                result: list[Any] | BaseException = exc
+            else:
+                result = infos
+            # A closed loop (RuntimeError) has nobody waiting for the answer.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, answer, result)
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, seen: int) -> None:
+        """While names wait, double the threads whenever none of them started for STALL_S."""
+        with self._lock:
+            if not self._queue:
+                self._watching = False
+                return
+            more = 0
+            if self._started == seen:
+                more = min(max(self._threads, 1), self._workers - self._threads, len(self._queue))
+            self._threads += more
+            seen = self._started
+        for _ in range(more):
+            self._executor.submit(self._drain)
+        loop.call_later(STALL_S, self._watch, loop, seen)
+
+
+def _settle(answer: asyncio.Future[list[Any]], result: list[Any] | BaseException) -> None:
+    if answer.done():
+        return
+    if isinstance(result, BaseException):
+        answer.set_exception(result)
+    else:
+        answer.set_result(result)
 
 
 async def check(

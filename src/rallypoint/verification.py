@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from rallypoint import connectivity, netinfo, wire
+from rallypoint import connectivity, wire
 from rallypoint.backoff import Backoff
 from rallypoint.clustercheck import GenerationCheck, Transport, cancel_quietly
 from rallypoint.context import NodeContext
 from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterDoc, Env, OverrideSource
+from rallypoint.names import Resolution
+from rallypoint.probe import Outcome
 from rallypoint.reasons import Reason
 from rallypoint.verify import Verifier
 
@@ -25,6 +27,9 @@ log = logging.getLogger("rallypoint.rendezvous")
 
 #: A node whose names or env failed judges them again after about this long.
 RECHECK_S = 2.0
+
+#: A probe started ahead of the others (its peer's name passed first).
+Probing = asyncio.Task[Outcome]
 
 
 class Verification:
@@ -47,13 +52,22 @@ class Verification:
         self._prober = prober
         self._transport = transport
         self._on_generation = on_generation
-        self._verify = Verifier(ctx, user=user, on_peer_failure=self._show_peer_failure)
+        self._verify = Verifier(
+            ctx,
+            user=user,
+            on_peer_failure=self._show_peer_failure,
+            on_peer_passed=self._probe_early,
+        )
         self.doc: ClusterDoc | None = None
         #: The current generation's checks and the master's verdict on them.
         self.check: GenerationCheck | None = None
+        #: Probes started for ``check`` as each peer's name passed (see _probe_early).
+        self._early: tuple[GenerationCheck | None, dict[connectivity.Target, Probing]] = (None, {})
         self.net = wire.NetFacts()
         self._verify_task: asyncio.Task[None] | None = None
         self._last_generation: str | None = None
+        #: The generation the on_generation callbacks last ran for.
+        self._announced: str | None = None
 
     async def close(self) -> None:
         """Cancel the verification in flight; closing twice is safe."""
@@ -72,11 +86,6 @@ class Verification:
         self.doc = doc
         self.ctx.peers.listed(doc.members)
         log.info("cluster_document", extra={"generation": doc.generation})
-        for callback in self._on_generation:
-            try:
-                callback(doc)
-            except Exception:
-                log.exception("generation_callback_failed")
         self._start_verification(doc)
 
     def lose_generation(self, reason: Reason) -> None:
@@ -131,6 +140,8 @@ class Verification:
             rng=self.ctx.rng,
         )
         self.check = check
+        early: dict[connectivity.Target, Probing] = {}
+        self._early = (check, early)
         if windows is not None:
             await windows.open()  # after a ready generation they were closed
         follow = asyncio.create_task(check.follow())
@@ -139,9 +150,11 @@ class Verification:
         recheck = Backoff(RECHECK_S, RECHECK_S, jitter="half", rng=self.ctx.rng)
         try:
             while True:
+                _cancel(early)
                 checked = await self._verify.check(doc)
+                log.debug("names_checked", extra={"failures": len(checked.failures)})
                 self.ctx.readiness.verify_warnings = [checked.warning] if checked.warning else []
-                self.net = check.net = await asyncio.to_thread(_net_facts, checked.route_ifname)
+                self.net = check.net = checked.net
                 outcome: Env | Reason = (
                     checked.failures[0] if checked.failures else self._verify.derive(doc, checked)
                 )
@@ -152,6 +165,7 @@ class Verification:
                 # without a restart (a poke or a re-join retries at once).
                 check.update(checked.failures or [outcome])
                 await check.reported(self.ctx.settings.resolve_timeout_s)
+                self._announce(doc)
                 await recheck.sleep()
             if self._prober is not None:
                 targets = self._targets(doc)
@@ -160,30 +174,82 @@ class Verification:
                 )
                 prober = self._prober
                 probes = asyncio.create_task(
-                    prober.run(targets, lambda failed: check.update(failed, passed=not failed))
+                    prober.run(targets, lambda failed: self._probed(check, failed), started=early)
                 )
             else:
                 check.update([], passed=True)
+                if self.book is not None:
+                    self._announce(doc)
             verdict = await follow
             self.ctx.readiness.verify_warnings += list(verdict.warnings)
             if windows is not None:
                 # Before ready: the job's own listeners must find the held ports free to bind.
                 await windows.close()
             self.ctx.readiness.become_ready(outcome, doc.generation)
+            self._announce(doc)
         finally:
+            _cancel(early)
             await cancel_quietly(probes)
             await cancel_quietly(follow)
 
+    def _probed(self, check: GenerationCheck, failed: list[Reason]) -> None:
+        """A round of probes ended: show and report what failed, or that this node passed."""
+        log.debug("probes_done", extra={"failed": len(failed)})
+        check.update(failed, passed=not failed)
+        if self.book is not None or failed:
+            self._announce(check.doc)  # see _announce: when a node announces a generation
+
+    def _probe_early(self, doc: ClusterDoc, rank: int, res: Resolution) -> None:
+        """A peer's name passed: try its connections now, while other names are checked.
+
+        The outcomes count only once every name passed and the env derived (the first round
+        of Prober.run takes them): the same targets as _targets() gives then, since both pick
+        the address from the same resolution.
+        """
+        check, early = self._early
+        if self._prober is None or check is None or check is not self.check or check.doc is not doc:
+            return
+        address = connectivity.pick_address(res.addresses, doc.members[rank].addresses)
+        if address is None:
+            return
+        for target in self._plan(doc, [rank], {rank: address}):
+            if target not in early:
+                early[target] = self._prober.start(target)
+
+    def _announce(self, doc: ClusterDoc) -> None:
+        """Run the on_generation callbacks (the mDNS re-announce) once per generation.
+
+        Not on arrival: a master announcing before its document reached a worker over HTTP
+        made that worker re-join for a document it was about to get, and N announcements
+        made N x N mDNS receptions compete with the checks for CPU. A worker announces once
+        ready or once a failure was reported (its announcement only shows in `rallypoint
+        peers`); the master once its own checks settled (its first round of probes, or a
+        failure reported), since its announcement also wakes a worker that is outside its
+        long-poll and missed the poke.
+        """
+        if self._announced == doc.generation:
+            return
+        self._announced = doc.generation
+        for callback in self._on_generation:
+            try:
+                callback(doc)
+            except Exception:
+                log.exception("generation_callback_failed")
+
     def _targets(self, doc: ClusterDoc) -> list[connectivity.Target]:
         """The connections to try for ``doc``: the master port and the peers in scope."""
-        spec = self.ctx.spec
         ranks = self.ctx.peers.in_scope()
         addresses = connectivity.verified_addresses(
             doc, ranks, {rank: self.ctx.peers[rank].resolution for rank in ranks}
         )
+        return self._plan(doc, ranks, addresses)
+
+    def _plan(
+        self, doc: ClusterDoc, ranks: Sequence[int], addresses: Mapping[int, str]
+    ) -> list[connectivity.Target]:
         frameworks = self.ctx.settings.frameworks
         return connectivity.plan(
-            spec, doc, ranks, addresses, tf="tf" in frameworks, jax="jax" in frameworks
+            self.ctx.spec, doc, ranks, addresses, tf="tf" in frameworks, jax="jax" in frameworks
         )
 
     def _show_peer_failure(self, doc: ClusterDoc, host: str, reason: Reason) -> None:
@@ -199,10 +265,8 @@ class Verification:
             check.update([*current, reason])
 
 
-def _net_facts(ifname: str | None) -> wire.NetFacts:
-    """The route interface's MTU and whether RDMA devices are visible (blocking: sysfs)."""
-    return wire.NetFacts(
-        ifname=ifname,
-        mtu=None if ifname is None else netinfo.mtu(ifname),
-        rdma=netinfo.rdma_visible(),
-    )
+def _cancel(early: dict[connectivity.Target, Probing]) -> None:
+    """Drop the probes started ahead: the names they were started on are checked again."""
+    for task in early.values():
+        task.cancel()
+    early.clear()

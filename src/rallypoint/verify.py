@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rallypoint import derive, names, netinfo, resolve
+from rallypoint import derive, names, netinfo, resolve, wire
 from rallypoint.context import NodeContext
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.model import ClusterDoc, Env, Member, OverrideSource
@@ -19,6 +19,8 @@ log = logging.getLogger("rallypoint.rendezvous")
 
 #: Called with (document, peer host, reason) when a peer's first check fails.
 PeerFailure = Callable[[ClusterDoc, str, Reason], None]
+#: Called with (document, peer rank, resolution) as soon as a peer's name passed.
+PeerPassed = Callable[[ClusterDoc, int, Resolution], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,8 @@ class Checked:
     ifname: str | None
     #: The interface that routes to the master, served or not (for /status and the MTU).
     route_ifname: str | None = None
+    #: That interface's MTU and whether RDMA devices are visible, for the report.
+    net: wire.NetFacts = field(default_factory=wire.NetFacts)
 
 
 class Verifier:
@@ -47,10 +51,12 @@ class Verifier:
         *,
         user: Mapping[str, tuple[str, OverrideSource]],
         on_peer_failure: PeerFailure,
+        on_peer_passed: PeerPassed | None = None,
     ) -> None:
         self.ctx = ctx
         self.user = user
         self._on_peer_failure = on_peer_failure
+        self._on_peer_passed = on_peer_passed
 
     async def check(self, doc: ClusterDoc) -> Checked:
         """Resolve our own name and every peer name in scope; what failed and why."""
@@ -60,11 +66,15 @@ class Verifier:
         )
         peers = [r for r in ranks if r != spec.rank]
         self.ctx.peers.scope(ranks)
-        own = await self._check_own(doc.members[spec.rank])
-        results = await asyncio.gather(*(self._verify_peer(doc, doc.members[r]) for r in peers))
+        # Our own name beside the peers' (one round of resolver threads, not two).
+        own, *results = await asyncio.gather(
+            self._check_own(doc.members[spec.rank]),
+            *(self._verify_peer(doc, doc.members[r]) for r in peers),
+        )
         failures = [r for r in (self._peer_reason(res) for res in results) if r is not None]
         master_ip = self._master_address(doc, own)
-        route_ifname = await self._route_ifname(master_ip)
+        net = await asyncio.to_thread(net_facts, master_ip)
+        route_ifname = net.ifname
         ifname = route_ifname if self.ctx.settings.emit_ifname is not False else None
         # gloo binds the user's GLOO_SOCKET_IFNAME if set, else the one served here.
         bound = self._user_ifname() or ifname
@@ -77,7 +87,7 @@ class Verifier:
             log.warning(
                 "own_name", extra={"verdict": str(own.verdict), "host": own.host, "ifname": bound}
             )
-        return Checked(failures, self_warning, own, master_ip, ifname, route_ifname)
+        return Checked(failures, self_warning, own, master_ip, ifname, route_ifname, net)
 
     def derive(self, doc: ClusterDoc, checked: Checked) -> Env | Reason:
         """The env for a checked document, or why it cannot be derived."""
@@ -117,12 +127,6 @@ class Verifier:
         user = self.user.get("GLOO_SOCKET_IFNAME")
         return user[0] if user is not None else None
 
-    async def _route_ifname(self, master_ip: str | None) -> str | None:
-        """The interface that routes to the master; None if unknown."""
-        if master_ip is None:
-            return None
-        return await asyncio.to_thread(netinfo.route_ifname, master_ip)
-
     async def _verify_peer(self, doc: ClusterDoc, member: Member) -> Resolution:
         expected = member.addresses or None
         res = await resolve.check(
@@ -132,6 +136,7 @@ class Verifier:
         self.ctx.peers.resolved(member.rank, res)
         reason = self._peer_reason(res)
         if reason is None:
+            self._passed(doc, member.rank, res)
             return res
         # Show the first failure at once; the retries below may take until the deadline.
         self._on_peer_failure(doc, member.host, reason)
@@ -148,7 +153,13 @@ class Verifier:
         )
         self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
         self.ctx.peers.resolved(member.rank, res)
+        if self._peer_reason(res) is None:
+            self._passed(doc, member.rank, res)
         return res
+
+    def _passed(self, doc: ClusterDoc, rank: int, res: Resolution) -> None:
+        if self._on_peer_passed is not None:
+            self._on_peer_passed(doc, rank, res)
 
     def _peer_reason(self, res: Resolution) -> Reason | None:
         return names.peer_reason(res, accept_loopback=self.ctx.accept_loopback)
@@ -164,3 +175,16 @@ class Verifier:
         if master.addresses:
             return master.addresses[0]
         return resolved[0] if resolved else None
+
+
+def net_facts(master_ip: str | None) -> wire.NetFacts:
+    """The interface that routes to the master, its MTU and whether RDMA devices are visible.
+
+    Blocking (a routing socket, sysfs): one thread hop for all three, off the event loop.
+    """
+    ifname = None if master_ip is None else netinfo.route_ifname(master_ip)
+    return wire.NetFacts(
+        ifname=ifname,
+        mtu=None if ifname is None else netinfo.mtu(ifname),
+        rdma=netinfo.rdma_visible(),
+    )

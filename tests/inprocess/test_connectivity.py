@@ -119,6 +119,56 @@ async def test_a_clean_cluster_probes_every_pair_and_closes_its_windows() -> Non
         await c.close()
 
 
+async def test_a_peer_is_probed_as_soon_as_its_name_passed() -> None:
+    """node1's lookup of node2 hangs: node1 already tries the master's ports meanwhile, and
+    turns ready only once node2's name passed too (its early outcomes count then)."""
+    c = Steered(3, per_node={rank: dict(FAST) for rank in range(3)})
+    node2 = c.resolvers[1]["node2"]
+    c.resolvers[1].set("node2", node2, hang=True)
+    try:
+        await start_steered(c)
+        metrics = c.nodes[1].node.metrics
+
+        def probed(kind: str) -> float:
+            return metrics.value("rallypoint_probes_sent_total", kind=kind, cause="ok")
+
+        await until(lambda: probed("master") >= 1 and probed("probe") >= 1)
+        assert not c.nodes[1].node.ready
+        assert "verifying" in codes(c.nodes[1])
+        c.resolvers[1].set("node2", node2)  # the next lookup (after the check's timeout) answers
+        await all_ready(c)
+        # node2's ports were tried too, and every node's verdict says all passed.
+        assert probed("probe") >= 2
+        assert all(s.node.status()["checks"]["verdict"]["verified"] for s in c.nodes.values())
+    finally:
+        await c.close()
+
+
+async def test_the_master_announces_its_generation_once_its_own_checks_passed() -> None:
+    """node1 cannot reach node2, so nobody turns ready. The master's generation is announced
+    all the same (its mDNS announcement wakes a worker that missed the poke), node1's once
+    its failure is known, node2's not while it only waits for the verdict."""
+    c = Steered(3, per_node={rank: dict(FAST) for rank in range(3)})
+    c.detours[(1, "node2")] = ("127.0.0.1", closed_port())
+    announced: dict[int, list[str]] = {0: [], 1: [], 2: []}
+    try:
+        for rank in range(3):
+            c.route = c.route_for(rank)  # type: ignore[method-assign]
+            sidecar = await c.start(rank)
+            sidecar.node.on_generation.append(
+                lambda doc, r=rank: announced[r].append(doc.generation)
+            )
+        await until(lambda: bool(announced[0]) and bool(announced[1]))
+        await until(
+            lambda: "cluster_failed" in codes(c.nodes[2]) or "peer_unreachable" in codes(c.nodes[2])
+        )
+        assert not any(s.node.ready for s in c.nodes.values())
+        assert announced[0] == announced[1] == [c.nodes[0].node.generation]
+        assert announced[2] == []
+    finally:
+        await c.close()
+
+
 @pytest.mark.parametrize(
     ("detour", "cause"),
     [

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+from typing import Any
 
 import pytest
 
+from rallypoint import resolve
 from rallypoint.names import Resolution, Verdict, is_loopback
 from rallypoint.resolve import SystemResolver, check, verify
 from tests.fakes import FakeResolver
@@ -331,6 +334,56 @@ async def test_system_resolver_invalid_name_is_not_found() -> None:
     async with SystemResolver(workers=1) as resolver:
         result = await check(resolver, "bad..name.invalid", None, timeout_s=10)
     assert result.verdict is Verdict.NOT_FOUND
+
+
+async def test_system_resolver_a_slow_name_does_not_hold_up_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Names queue behind one thread; a hung lookup lets the queued names start elsewhere."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "slow.test":
+            release.wait(30)  # until the fast names were answered (or the test gave up)
+            raise socket.gaierror(socket.EAI_NONAME, "not found")
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(resolve.socket, "getaddrinfo", getaddrinfo)
+    async with SystemResolver(workers=2) as resolver:
+        slow = asyncio.ensure_future(resolver.lookup("slow.test"))
+        try:
+            async with asyncio.timeout(20):
+                fast = await asyncio.gather(*(resolver.lookup(f"n{i}.test") for i in range(5)))
+        finally:
+            release.set()
+        assert fast == [["127.0.0.1"]] * 5
+        with pytest.raises(socket.gaierror):
+            await slow
+
+
+async def test_system_resolver_gives_a_slow_resolver_every_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every lookup is slow (each waits for the others to start): the threads grow to all
+    the workers instead of resolving one name at a time."""
+    together = threading.Barrier(4)
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        together.wait(20)  # BrokenBarrierError unless four lookups run at once
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(resolve.socket, "getaddrinfo", getaddrinfo)
+    async with SystemResolver(workers=4) as resolver:
+        answers = await asyncio.gather(*(resolver.lookup(f"n{i}.test") for i in range(4)))
+    assert answers == [["127.0.0.1"]] * 4
+
+
+async def test_system_resolver_answers_many_names_at_once() -> None:
+    async with SystemResolver(workers=3) as resolver:
+        answers = await asyncio.gather(*(resolver.lookup("127.0.0.1") for _ in range(40)))
+    assert answers == [["127.0.0.1"]] * 40
 
 
 def test_system_resolver_needs_a_worker() -> None:
