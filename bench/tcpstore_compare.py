@@ -6,7 +6,10 @@ processes, all starting at one instant. The two are interleaved run by run.
 
 * rallypoint: the real master (`rallypoint serve`) and bench/simpeers.py: each worker
   joins, long-polls the cluster document, reports its checks as passed and long-polls the
-  verdict until verified (simcluster.simulate).
+  verdict until verified (simcluster.simulate), with the fan-out tree as the sidecars run
+  by default from 512 nodes (docs/scale.md; a real relay serves one group). Server CPU is
+  the master's; each relay spends its own on its own node (bench/scale.py reports the real
+  relay's).
 * TCPStore: torch's own server (``TCPStore(is_master=True)``, libuv backend, the default)
   in a process that publishes rank 0's facts, and torch's own client: every simulated
   worker is a thread with its own ``TCPStore`` client connection that sets
@@ -237,7 +240,21 @@ def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
             if any(t.startswith("{") for t in r.log().splitlines())
         ]
         if not parts:
-            raise RuntimeError(f"no TCPStore client process finished within {timeout_s:g} s")
+            # Not one client process finished within the deadline: a failed run, with what
+            # the server had spent and held by then.
+            return {
+                "converge_s": float("nan"),
+                "done": 0,
+                "complete_identical": False,
+                "server_cpu_s": cpu1 - cpu0,
+                "server_hwm_mb": mem["VmHWM"] / 1024,
+                "server_rss_before_mb": rss0,
+                "sim_cpu_s": float("nan"),
+                "facts_kib": float("nan"),
+                "errors": [f"no client process finished within {timeout_s:g} s"],
+                "phase_s": {},
+                "start_skew_s": float("nan"),
+            }
     start = min(p["start"] for p in parts)
     done = [t - start for p in parts for t in p["done_at"]]
     ok = len(done) == workers and all(p["complete"] and not p["mismatches"] for p in parts)
