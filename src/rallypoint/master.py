@@ -8,7 +8,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from rallypoint import fanout, names, resolve, wire, wirebatch
-from rallypoint.clustercheck import answer_reports
+from rallypoint.clustercheck import answer_reports, local_transport
 from rallypoint.context import NodeContext
 from rallypoint.errors import JoinRejected, PeerDown
 from rallypoint.masterbook import MasterBook
@@ -102,37 +102,15 @@ class Master:
 
     def handle_join(self, request: wire.JoinRequest, remote: str | None) -> wire.JoinAnswer:
         """Record a worker's join; JoinRejected when refused."""
-        book = self.book
-        try:
-            book.check(request)
-        except JoinRejected:
-            self.ctx.metrics.joins.labels("rejected").inc()
-            raise
-        self.ctx.metrics.joins.labels("accepted").inc()
-        before = len(book.members)
-        changed = book.record(request.member)
-        self.ctx.peers.joined(request.member, remote, self.ctx.readiness.uptime_s)
-        if not changed:
-            self.documents.recheck(request.member.host)
-        _log_join(request.member, remote, before, len(book.members), self.ctx.spec.nnodes)
-        if book.doc is None:
-            self.ctx.readiness.not_ready(self._waiting_reason(book))
-        return self._answer()
-
-    def _answer(self) -> wire.JoinAnswer:
-        book = self.book
-        return wire.JoinAnswer(
-            session=self.ctx.spec.session,
-            epoch=self.epoch,
-            generation=None if book.doc is None else book.doc.generation,
-            joined=len(book.members),
-            nnodes=self.ctx.spec.nnodes,
-        )
+        return self._record([request], remote)
 
     def handle_joins(self, batch: wirebatch.JoinBatch, remote: str | None) -> wire.JoinAnswer:
         """Record a relay's batch of its group's joins, all or none; JoinRejected when refused."""
+        return self._record([wire.JoinRequest(batch.session, m) for m in batch.members], remote)
+
+    def _record(self, requests: list[wire.JoinRequest], remote: str | None) -> wire.JoinAnswer:
+        """Check every join, then record them all: one worker's, or a relay's batch."""
         book = self.book
-        requests = [wire.JoinRequest(batch.session, member) for member in batch.members]
         try:
             for request in requests:
                 book.check(request)
@@ -140,17 +118,23 @@ class Master:
             self.ctx.metrics.joins.labels("rejected").inc(len(requests))
             raise
         self.ctx.metrics.joins.labels("accepted").inc(len(requests))
-        nnodes = self.ctx.spec.nnodes
-        for member in batch.members:
+        for request in requests:
+            member = request.member
             before = len(book.members)
             changed = book.record(member)
             self.ctx.peers.joined(member, remote, self.ctx.readiness.uptime_s)
             if not changed:
                 self.documents.recheck(member.host)
-            _log_join(member, remote, before, len(book.members), nnodes)
+            _log_join(member, remote, before, len(book.members), self.ctx.spec.nnodes)
         if book.doc is None:
             self.ctx.readiness.not_ready(self._waiting_reason(book))
-        return self._answer()
+        return wire.JoinAnswer(
+            session=self.ctx.spec.session,
+            epoch=self.epoch,
+            generation=None if book.doc is None else book.doc.generation,
+            joined=len(book.members),
+            nnodes=self.ctx.spec.nnodes,
+        )
 
     async def handle_reports(self, batch: wirebatch.ReportBatch) -> wire.Verdict:
         """Record a relay's batch of its group's reports; the verdict, long-polled like one."""
@@ -169,14 +153,7 @@ class Master:
 
     async def handle_report(self, report: wire.Report) -> wire.Verdict:
         """Record a node's checks; the verdict, long-polled while unchanged."""
-        return await answer_reports(
-            self.book,
-            (report,),
-            generation=report.generation,
-            seen=report.seen,
-            hold=True,
-            long_poll_s=self.ctx.settings.long_poll_s,
-        )
+        return await local_transport(self.book, self.ctx.settings.long_poll_s)(report)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
