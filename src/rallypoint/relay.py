@@ -283,7 +283,10 @@ class Relay:
                         self._set_verdict(outcome)
                     continue
                 if isinstance(outcome, JoinRejected) and outcome.code == "stale_generation":
-                    break  # a new document is on its way to this node
+                    # A new document is on its way to this node: the reports of the old one
+                    # are void, and asking again before it arrives would only be refused.
+                    await backoff.sleep()
+                    break
                 # Interrupted (new reports, a new document) or failed: send them again.
                 for report in chunk:
                     self._unsent_reports.setdefault(report.rank, report)
