@@ -168,7 +168,7 @@ class Prober:
 
         The first round takes the outcome of a probe already ``started`` for a target.
         """
-        failing = await self._round(targets, started or {})
+        failing = await self._round(targets, started)
         on_change(list(failing.values()))
         # Half jitter: a floor of half the ceiling keeps retries of a failing port spaced out.
         backoff = Backoff(

@@ -13,6 +13,7 @@ import bisect
 import dataclasses
 import gzip
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rallypoint import wire
@@ -48,6 +49,24 @@ class EncodedDoc:
         # bytes written to every long-poll, not the CPU to encode them once, are the cost.
         packed = gzip.compress(body, mtime=0) if len(body) >= GZIP_MIN_BYTES else None
         return cls(body, hashlib.sha256(body).digest(), packed)
+
+
+async def wait_until(
+    done: Callable[[], bool], event: Callable[[], asyncio.Event], timeout_s: float
+) -> bool:
+    """Whether ``done()`` held within ``timeout_s``, checked again whenever ``event()`` fires
+    (a callable: the book and the relay replace an event once they set it)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not done():
+        left = end - loop.time()
+        if left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(event().wait(), left)
+        except TimeoutError:
+            return False
+    return True
 
 
 def stale_generation(generation: str, doc: ClusterDoc | None) -> JoinRejected:
@@ -221,21 +240,17 @@ class MasterBook:
 
     async def wait_verdict(self, generation: str, seen: int, timeout_s: float) -> wire.Verdict:
         """The verdict once its version is not ``seen`` (or the generation moved on)."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout_s
-        while (
-            self.verdict is not None
-            and self.verdict.version == seen
-            and self.verdict.generation == generation
-            and not self._closed
-        ):
-            remaining = end - loop.time()
-            if remaining <= 0:
-                break
-            try:
-                await asyncio.wait_for(self._verdict_changed.wait(), remaining)
-            except TimeoutError:
-                break
+
+        def moved() -> bool:
+            verdict = self.verdict
+            return (
+                verdict is None
+                or verdict.version != seen
+                or verdict.generation != generation
+                or self._closed
+            )
+
+        await wait_until(moved, lambda: self._verdict_changed, timeout_s)
         assert self.verdict is not None
         return self.verdict
 
@@ -346,14 +361,9 @@ class MasterBook:
 
     async def wait(self, after: str | None, timeout_s: float) -> ClusterDoc | None:
         """A document whose generation is not ``after``, or None after ``timeout_s``."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout_s
-        while self.doc is None or self.doc.generation == after:
-            remaining = end - loop.time()
-            if remaining <= 0 or self._closed:
-                return None
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except TimeoutError:
-                return None
-        return self.doc
+
+        def issued() -> bool:
+            return self.doc is not None and self.doc.generation != after
+
+        await wait_until(lambda: issued() or self._closed, lambda: self._changed, timeout_s)
+        return self.doc if issued() else None

@@ -20,7 +20,7 @@ from rallypoint import fanout, wire, wirebatch
 from rallypoint.backoff import Backoff
 from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
-from rallypoint.masterbook import EncodedDoc, stale_generation
+from rallypoint.masterbook import EncodedDoc, stale_generation, wait_until
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.wirefields import dump
 
@@ -148,11 +148,13 @@ class Relay:
 
     async def handle_cluster(self, after: str | None) -> ClusterDoc | None:
         """Long-poll for a document newer than ``after``; None on timeout."""
-        return await self._until(
+        if await wait_until(
             lambda: self.doc is not None and self.doc.generation != after,
             lambda: self._doc_changed,
-            lambda: self.doc,
-        )
+            self.ctx.settings.long_poll_s,
+        ):
+            return self.doc
+        return None
 
     def encoded(self, doc: ClusterDoc) -> EncodedDoc:
         """``doc`` encoded for GET /v1/cluster; the cached encoding when it is ``self.doc``."""
@@ -171,23 +173,23 @@ class Relay:
         if old is None or _facts(old) != _facts(report):
             self._unsent_reports[report.rank] = report
             self._reports_due.set()
-        verdict = await self._until(
+        long_poll_s = self.ctx.settings.long_poll_s
+        await wait_until(
             lambda: self._current_verdict(doc) is not None,
             lambda: self._verdict_changed,
-            lambda: self._current_verdict(doc),
+            long_poll_s,
         )
+        verdict = self._current_verdict(doc)
         if verdict is None:
             raise self._unavailable("the master has not answered its reports yet")
         # As the master does: a member that passed waits for the verdict to land or fail.
         quiet = report.passed and not verdict.verified and not verdict.failures
         if verdict.version != report.seen and not quiet:
             return verdict
-        moved = await self._until(
-            lambda: self.verdict is not verdict,
-            lambda: self._verdict_changed,
-            lambda: self.verdict,
+        await wait_until(
+            lambda: self.verdict is not verdict, lambda: self._verdict_changed, long_poll_s
         )
-        return moved or verdict
+        return self.verdict or verdict
 
     def status(self) -> dict[str, object]:
         """The relay's state for /status."""
@@ -402,26 +404,6 @@ class Relay:
         self.verdict = verdict
         changed, self._verdict_changed = self._verdict_changed, asyncio.Event()
         changed.set()
-
-    async def _until(
-        self,
-        done: Callable[[], bool],
-        event: Callable[[], asyncio.Event],
-        value: Callable[[], T | None],
-    ) -> T | None:
-        """``value()`` once ``done()`` (re-checked whenever ``event()`` fires), or None after
-        the long-poll time."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self.ctx.settings.long_poll_s
-        while not done():
-            left = end - loop.time()
-            if left <= 0:
-                return None
-            try:
-                await asyncio.wait_for(event().wait(), left)
-            except TimeoutError:
-                return None
-        return value()
 
     def _poke(self, ranks: Iterable[int]) -> None:
         if self.epoch is None:
