@@ -11,17 +11,41 @@ import socket
 DEFAULT_RANGE = (30000, 32700)
 
 
+class PortPool:
+    """Hands out ports nothing is bound to, each once until most of its range is used.
+
+    A port is bound only when the node it was handed out for starts. Drawn with
+    replacement, two nodes of one test got the same port about once per few hundred
+    clusters, so the pool remembers what it handed out.
+    """
+
+    def __init__(self) -> None:
+        self.handed_out: set[int] = set()
+
+    def take(self, host: str, low: int, high: int) -> int:
+        candidates = [port for port in range(low, high + 1) if port not in self.handed_out]
+        if len(candidates) < (high - low + 1) // 4:
+            # Most of the range was handed out: the tests those ports were for have ended.
+            self.handed_out.difference_update(range(low, high + 1))
+            candidates = list(range(low, high + 1))
+        random.shuffle(candidates)
+        for port in candidates[:200]:
+            with socket.socket() as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            self.handed_out.add(port)
+            return port
+        raise AssertionError(f"no free port in {low}-{high}")
+
+
+_POOL = PortPool()
+
+
 def free_port(host: str = "127.0.0.1", *, low: int = 0, high: int = 0) -> int:
-    """A port nothing is bound to on ``host`` right now, in [low, high] (default DEFAULT_RANGE)."""
+    """A port in [low, high] (default DEFAULT_RANGE) nothing is bound to on ``host`` right
+    now, and not handed out before by this process while the range lasts."""
     if not high:
         low, high = DEFAULT_RANGE
-    for _attempt in range(200):
-        port = random.randint(low, high)
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            found: int = sock.getsockname()[1]
-            return found
-    raise AssertionError(f"no free port in {low}-{high}")
+    return _POOL.take(host, low, high)
