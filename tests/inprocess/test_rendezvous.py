@@ -17,7 +17,7 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
-from rallypoint import netinfo, ports
+from rallypoint import netinfo, ports, verify, wire
 from rallypoint.auth import Authenticator
 from rallypoint.errors import AuthError, PortError
 from rallypoint.model import ClusterSpec
@@ -157,6 +157,26 @@ async def test_own_name_on_loopback_with_served_ifname_depends_on_the_route(
         assert any("node2" in w and "127.0.1.1" in w and routed in w for w in warnings)
         assert node.status()["warnings"] == warnings
         assert not any("loopback" in w for w in c.nodes[1].node.warnings())
+
+
+@pytest.mark.parametrize("resolved", [0, 1], ids=["first-reported", "second-reported"])
+async def test_the_route_served_is_the_one_to_the_masters_verified_address(
+    resolved: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GLOO_SOCKET_IFNAME is the interface routing to the master's verified address: the
+    reported address its name resolves to, not merely the first one it reported."""
+    reported = [address(0), "198.51.100.99"]
+
+    def facts(master_ip: str | None) -> wire.NetFacts:
+        return wire.NetFacts(ifname=f"via-{master_ip}", mtu=1500, rdma=False)
+
+    monkeypatch.setattr(verify, "net_facts", facts)
+    async with cluster(2, addresses={0: reported}) as c:
+        c.resolvers[1].set("node0", [reported[resolved]])
+        await start_all(c)
+        await all_ready(c)
+        env = c.nodes[1].node.env
+        assert env is not None and env.get("GLOO_SOCKET_IFNAME") == f"via-{reported[resolved]}"
 
 
 async def test_peer_name_that_appears_late() -> None:

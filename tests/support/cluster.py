@@ -34,6 +34,8 @@ class Cluster:
     peer_ports: dict[str, int] = field(default_factory=dict)
     local_ports: dict[int, int] = field(default_factory=dict)
     nodes: dict[int, Sidecar] = field(default_factory=dict)
+    #: The addresses a node reports for itself, where not just address(rank).
+    addresses: dict[int, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.hosts = tuple(f"node{r}" for r in range(self.n))
@@ -65,7 +67,7 @@ class Cluster:
             {},
             resolver=self.resolvers[rank],
             spec=spec,
-            addresses=[address(rank)],
+            addresses=self.addresses.get(rank, [address(rank)]),
             endpoint=self.endpoint,
             route=self.route,
         )
