@@ -44,12 +44,20 @@ class PeerClient:
         return self._http
 
     async def post_join(
-        self, target: tuple[str, int], body: bytes, session: str, path: str = "/v1/join"
+        self,
+        target: tuple[str, int],
+        body: bytes,
+        session: str,
+        path: str = "/v1/join",
+        *,
+        connect_s: float | None = None,
     ) -> wire.JoinAnswer:
         """POST /v1/join (or a relay's batch to /v1/joins); PeerDown, JoinRejected, AuthError
-        or PeerMessageError when it fails."""
+        or PeerMessageError when it fails. ``connect_s`` caps the connect alone."""
         timeout_s = self.settings.resolve_timeout_s
-        payload = await self._signed_post(target, path, body, wire.MAX_JOIN_BYTES, timeout_s)
+        payload = await self._signed_post(
+            target, path, body, wire.MAX_JOIN_BYTES, timeout_s, connect_s=connect_s
+        )
         answer = wire.parse_join_answer(payload)
         if answer.session != session:
             raise JoinRejected(
@@ -100,12 +108,19 @@ class PeerClient:
         return wire.parse_verdict(payload)
 
     async def _signed_post(
-        self, target: tuple[str, int], path: str, body: bytes, limit: int, timeout_s: float
+        self,
+        target: tuple[str, int],
+        path: str,
+        body: bytes,
+        limit: int,
+        timeout_s: float,
+        *,
+        connect_s: float | None = None,
     ) -> bytes:
         """POST a signed JSON body; the answer's body once its status and signature check out."""
         headers = {"Content-Type": "application/json"}
         headers.update(self.auth.sign(f"POST {path}", body))
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_s)
         try:
             async with self._client().post(
                 url(target, path), data=body, headers=headers, timeout=timeout

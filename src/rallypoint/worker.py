@@ -21,6 +21,11 @@ log = logging.getLogger("rallypoint.rendezvous")
 #: For this long after start a member whose relay does not answer yet waits for it rather
 #: than going around it (sidecars of one job start within about a second of each other).
 RELAY_GRACE_S = 2.0
+#: The longest a member waits for its relay to accept the connection. A relay's listener
+#: answers a SYN at once (the kernel completes the handshake, whatever its loop is doing), so
+#: a relay that takes longer is down or filtered, and the master takes the join instead;
+#: without the cap a member behind a filtered relay paid --resolve-timeout at every poke.
+RELAY_CONNECT_S = 1.0
 
 
 class _Rejoin(Exception):
@@ -213,7 +218,12 @@ class Worker:
         for address in res.addresses:
             target = self.ctx.endpoint(relay, address)
             try:
-                answer = await self.ctx.client.post_join(target, body, self.ctx.spec.session)
+                answer = await self.ctx.client.post_join(
+                    target,
+                    body,
+                    self.ctx.spec.session,
+                    connect_s=min(RELAY_CONNECT_S, self.ctx.settings.resolve_timeout_s),
+                )
             except (PeerDown, JoinRejected, AuthError, PeerMessageError) as exc:
                 unreachable = unreachable and isinstance(exc, PeerDown)
                 log.info("relay_skipped", extra={"relay": relay, "error": str(exc)})

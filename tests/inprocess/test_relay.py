@@ -12,6 +12,7 @@ import aiohttp
 
 from rallypoint.sidecar import Sidecar
 from tests.support.cluster import Cluster, all_ready, cluster, codes, start_all, until
+from tests.support.ports import black_hole
 
 N = 7
 GROUP = 3
@@ -93,6 +94,27 @@ async def test_a_master_restart_reaches_the_group_through_its_relay() -> None:
         same_envs(c)
         # The new master heard of ranks 4 and 5 from the relay's batch.
         assert requests(c.nodes[0], "/v1/joins") >= 1
+
+
+async def test_members_of_a_filtered_relay_do_not_wait_out_their_timeout() -> None:
+    """Connects to rank 3's peer API hang (dropped, as by a firewall). Its members give up on
+    it after RELAY_CONNECT_S, not after their --resolve-timeout, which here outlasts the
+    deadline: waiting that out, they would never be ready."""
+    slow = {"resolve_timeout_s": 60.0, "deadline_s": 20.0}
+    per_node = {rank: {**TREE[rank], **(slow if rank in (4, 5) else {})} for rank in range(N)}
+    with black_hole() as hole:
+        async with cluster(N, per_node=per_node) as c:
+            original = c.endpoint
+
+            def endpoint(host: str, address: str) -> tuple[str, int]:
+                return hole if host == "node3" else original(host, address)
+
+            c.endpoint = endpoint  # type: ignore[method-assign]
+            await start_all(c)
+            await all_ready(c)
+            same_envs(c)
+            for rank in (4, 5):
+                assert c.nodes[rank].node.master_target == ("127.0.0.1", c.peer_ports["node0"])
 
 
 async def test_a_restarted_relay_serves_its_group_again() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
+from collections.abc import Iterator
 
 #: Where free_port looks by default: below Linux's ephemeral range (32768-60999), where the
 #: outgoing connections of the nodes a test already started cannot take a port handed out
@@ -49,3 +51,20 @@ def free_port(host: str = "127.0.0.1", *, low: int = 0, high: int = 0) -> int:
     if not high:
         low, high = DEFAULT_RANGE
     return _POOL.take(host, low, high)
+
+
+@contextlib.contextmanager
+def black_hole(host: str = "127.0.0.1") -> Iterator[tuple[str, int]]:
+    """An address whose connects hang, as behind a firewall that drops them: a listener
+    whose accept queue is full, so the kernel drops every further SYN."""
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(socket.socket())
+        listener.bind((host, 0))
+        listener.listen(0)
+        address = listener.getsockname()[:2]
+        for _ in range(3):
+            filler = stack.enter_context(socket.socket())
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(address)
+        yield address
