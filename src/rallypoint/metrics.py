@@ -155,6 +155,13 @@ class Metrics:
             "Connections to this node's probe windows, by result (answered, garbage ...)",
             "result",
         )
+        self.relay_batches = counter(
+            "rallypoint_relay_batches",
+            "Batches a relay sent the master, by route and result (accepted, a refusal's code, "
+            "unreachable, interrupted)",
+            "route",
+            "result",
+        )
         self._request_children: dict[tuple[str, str, int], Sample] = {}
         #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).
         self.mdns_rejections: Callable[[], Mapping[str, int]] = dict

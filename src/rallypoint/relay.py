@@ -232,7 +232,7 @@ class Relay:
                 body = wirebatch.encode_join_batch(
                     wirebatch.JoinBatch(spec.session, spec.rank, tuple(chunk))
                 )
-                outcome = await self._call(self._post_joins(body))
+                outcome = await self._call("/v1/joins", self._post_joins(body))
                 for member in chunk:
                     for waiter in waiters.get(member.rank, []):
                         if waiter.done():
@@ -278,7 +278,9 @@ class Relay:
                         hold=index == len(chunks) - 1,
                     )
                 )
-                outcome = await self._call(self._post_reports(body), interrupt=self._reports_due)
+                outcome = await self._call(
+                    "/v1/reports", self._post_reports(body), interrupt=self._reports_due
+                )
                 if isinstance(outcome, wire.Verdict):
                     backoff.reset()
                     if outcome.generation == doc.generation and self.doc is doc:
@@ -305,10 +307,11 @@ class Relay:
         return await self.ctx.client.post_reports(self._target(), body)
 
     async def _call(
-        self, send: Awaitable[T], *, interrupt: asyncio.Event | None = None
+        self, route: str, send: Awaitable[T], *, interrupt: asyncio.Event | None = None
     ) -> T | JoinRejected | None:
-        """One upstream request: its answer, the refusal (the master's, or a 503 for the
-        group when it cannot be reached), or None if ``interrupt`` was set first."""
+        """One upstream request to ``route``: its answer, the refusal (the master's, or a 503
+        for the group when it cannot be reached), or None if ``interrupt`` was set first;
+        counted in rallypoint_relay_batches by result."""
         request = asyncio.ensure_future(send)
         waits: set[asyncio.Future[Any]] = {request}
         stop = None if interrupt is None else asyncio.ensure_future(interrupt.wait())
@@ -321,19 +324,24 @@ class Relay:
                 if not task.done():
                     task.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
+        batches = self.ctx.metrics.relay_batches
         if request.cancelled():
+            batches.labels(route, "interrupted").inc()
             return None
         try:
             answer = request.result()
         except JoinRejected as exc:
             self.problem = str(exc)
+            batches.labels(route, exc.code).inc()
             return exc  # the master's own refusal: the member gets its word
         except (PeerDown, AuthError, PeerMessageError) as exc:
             self.problem = str(exc)
+            batches.labels(route, "unreachable").inc()
             log.info("relay_upstream_failed", extra={"error": str(exc)})
             return self._unavailable(f"it cannot reach the master: {exc}")
         self.problem = None
         self.batches_sent += 1
+        batches.labels(route, "accepted").inc()
         return answer
 
     async def _coalesce(self, due: asyncio.Event, complete: Callable[[], bool]) -> None:

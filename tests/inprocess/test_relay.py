@@ -25,6 +25,10 @@ def requests(sidecar: Sidecar, route: str, status: str = "200") -> float:
     )
 
 
+def batches(sidecar: Sidecar, route: str, result: str) -> float:
+    return sidecar.metrics.value("rallypoint_relay_batches_total", route=route, result=result)
+
+
 def same_envs(c: Cluster) -> None:
     envs = {r: s.node.env.as_dict() for r, s in c.nodes.items() if s.node.env is not None}
     assert sorted(envs) == list(range(N))
@@ -48,6 +52,10 @@ async def test_a_relay_batches_its_group_for_the_master() -> None:
         assert requests(master, "/v1/join") >= 4  # ranks 1, 2, 3 and 6 (a poke may add one)
         for rank in (4, 5):
             assert c.nodes[rank].node.master_target == ("127.0.0.1", c.peer_ports["node3"])
+        for route in ("/v1/joins", "/v1/reports"):
+            assert batches(relay, route, "accepted") >= 1
+            assert batches(relay, route, "unreachable") == 0
+        assert batches(c.nodes[4], "/v1/joins", "accepted") == 0  # counted by relays only
         status = relay.node.status()["relay"]
         assert isinstance(status, dict)
         assert status["ranks"] == [4, 5] and status["joined"] == 2
@@ -117,6 +125,19 @@ async def test_members_of_a_filtered_relay_do_not_wait_out_their_timeout() -> No
                 assert c.nodes[rank].node.master_target == ("127.0.0.1", c.peer_ports["node0"])
 
 
+async def test_a_relay_counts_the_batches_the_master_did_not_take() -> None:
+    async with cluster(N, per_node=TREE) as c:
+        await start_all(c)
+        await all_ready(c)
+        await c.stop(0)
+        await c.stop(4)
+        await c.start(4)  # joins its relay, whose batch cannot reach the master
+        await until(lambda: batches(c.nodes[3], "/v1/joins", "unreachable") >= 1)
+        await c.start(0)
+        await all_ready(c)
+        same_envs(c)
+
+
 async def test_a_restarted_relay_serves_its_group_again() -> None:
     async with cluster(N, per_node=TREE) as c:
         await start_all(c)
@@ -182,6 +203,7 @@ async def test_a_master_that_starts_last_gets_the_groups_through_their_relay() -
         await c.start(0)
         await all_ready(c, timeout_s=60)
         same_envs(c)
+        assert batches(c.nodes[3], "/v1/joins", "accepted") >= 1
         for rank in (4, 5):
             assert c.nodes[rank].metrics.value("rallypoint_pokes_received_total") >= 1
             # Back in the tree: the last join went through the relay.
