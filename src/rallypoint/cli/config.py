@@ -1,5 +1,4 @@
-"""Settings from option values and where each came from, without click: the one rule that
-click's commands (setup.py) and `serve`'s fast path (fastserve.py) share."""
+"""Settings from option values and the variables they came from, without click (both paths)."""
 
 from __future__ import annotations
 

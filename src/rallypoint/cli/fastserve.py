@@ -1,5 +1,4 @@
-"""`rallypoint serve` without click: the options of specs.py parsed and resolved as click
-resolves them, or None for anything else, which click then parses and reports."""
+"""`rallypoint serve` without click: specs.py's options resolved as click would, else None."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ _FLAGS: dict[str, tuple[specs.Spec, bool | None]] = {
     **{flag: (s, True if s.is_flag else None) for s in specs.SETTINGS for flag in s.flags},
     **{flag: (s, False) for s in specs.SETTINGS for flag in s.off_flags},
 }
-_TEXT = rules.Rule()
 
 
 def parse(
@@ -57,8 +55,7 @@ def parse(
         if spec.name in given:
             raw = given[spec.name]
         elif environ.get(spec.envvar):  # an empty variable counts as unset, as in click
-            text = environ[spec.envvar]
-            raw = (spec.rule or _TEXT).split(text) if spec.multiple else text
+            raw = spec.from_variable(environ[spec.envvar])
             from_env[spec.name] = spec.envvar
         elif spec.default is specs.UNSET:
             raw = False if spec.is_flag else None

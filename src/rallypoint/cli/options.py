@@ -1,5 +1,4 @@
-"""Options as click declares them, from specs.py and rules.py: every bad value fails naming
-its flag or variable."""
+"""click options from specs.py and rules.py: every bad value fails naming its flag or variable."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Value rules of the options, without click: each converts a flag's or variable's text or
-raises Invalid saying why and what to write instead."""
+"""Value rules of the options, without click: text in, a value out, or Invalid saying why."""
 
 from __future__ import annotations
 

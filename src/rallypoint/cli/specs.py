@@ -1,7 +1,6 @@
-"""The options that build Settings, as data: flags, RALLYPOINT_* variables, defaults, rules.
+"""The options that build Settings as data: flags, variables, defaults and rules, written once.
 
-click's commands (options.py) and `serve`'s fast path (fastserve.py) both read these, so a
-flag, a variable, a default or a value rule is written once.
+click's commands (options.py) and `serve`'s fast path (fastserve.py) both read them.
 """
 
 from __future__ import annotations
@@ -55,14 +54,21 @@ class Spec:
         self.default, self.multiple = default, multiple
         self.show_default, self.metavar = show_default, metavar
 
+    def from_variable(self, text: str) -> Any:
+        """A variable's text as click hands it on: split into items when repeatable."""
+        return (self.rule or _TEXT).split(text) if self.multiple else text
+
     def convert(self, value: Any) -> Any:
         """A value as click's type cast makes it: None stays None (or () when repeatable)."""
         if value is None:
             return () if self.multiple else None
-        convert = self.rule or rules.Rule()
+        convert = self.rule or _TEXT
         if self.multiple:
             return tuple(convert(item) for item in value)
         return convert(value)
+
+
+_TEXT = rules.Rule()
 
 
 _S = Settings()
