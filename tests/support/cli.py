@@ -8,12 +8,12 @@ from collections.abc import Mapping
 
 from click.testing import CliRunner, Result
 
-from rallypoint import cli
+from rallypoint.cli.commands import app
 from tests.support.env import child_env, clean_env
 
 
 def run(args: list[str], env: Mapping[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli.app, args, env=clean_env(env), catch_exceptions=False)
+    return CliRunner().invoke(app, args, env=clean_env(env), catch_exceptions=False)
 
 
 def rallypoint(

@@ -14,9 +14,11 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from rallypoint import cli, logs
+from rallypoint import logs
+from rallypoint.cli import config as cli_config
 from rallypoint.cli import output
 from rallypoint.cli import setup as cli_setup
+from rallypoint.cli.commands import app
 from rallypoint.errors import (
     ClusterSpecError,
     ConfigError,
@@ -167,7 +169,7 @@ def test_settings_precedence(
     expected_flag: object,
     expected_env: object,
 ) -> None:
-    command = cli.app.commands["serve"]
+    command = app.commands["serve"]
     default = getattr(Settings(), field)
     monkeypatch.delenv(envvar, raising=False)
     assert getattr(_settings(command, []), field) == default
@@ -182,7 +184,7 @@ def _settings(command: click.Command, args: list[str]) -> Settings:
 
 
 def test_boolean_flags_follow_the_same_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
-    command = cli.app.commands["serve"]
+    command = app.commands["serve"]
     monkeypatch.delenv("RALLYPOINT_MDNS", raising=False)
     assert _settings(command, []).mdns is True
     monkeypatch.setenv("RALLYPOINT_MDNS", "false")
@@ -192,7 +194,7 @@ def test_boolean_flags_follow_the_same_precedence(monkeypatch: pytest.MonkeyPatc
 
 def test_set_variable_takes_one_assignment_per_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RALLYPOINT_SET", 'TF_CONFIG={"a b": 1}\n\nMASTER_PORT=1234\n')
-    settings = _settings(cli.app.commands["serve"], [])
+    settings = _settings(app.commands["serve"], [])
     assert settings.sets == (("TF_CONFIG", '{"a b": 1}'), ("MASTER_PORT", "1234"))
 
 
@@ -202,7 +204,7 @@ def test_set_variable_takes_one_assignment_per_line(monkeypatch: pytest.MonkeyPa
 def test_token_from_variable_and_from_file(tmp_path: Path) -> None:
     secret_file = tmp_path / "token"
     secret_file.write_text("from-file\n")
-    command = cli.app.commands["serve"]
+    command = app.commands["serve"]
     with command.make_context("serve", []) as ctx:
         assert cli_setup.build_settings(ctx, {"RALLYPOINT_TOKEN": "direct"}).token == "direct"
     with command.make_context("serve", ["--token-file", str(secret_file)]) as ctx:
@@ -367,9 +369,9 @@ def test_exit_codes(exc: Exception, code: int) -> None:
 # --- help, environment ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(cli.app.commands))
+@pytest.mark.parametrize("name", sorted(app.commands))
 def test_every_option_has_a_rallypoint_variable_shown_in_help(name: str) -> None:
-    command = cli.app.commands[name]
+    command = app.commands[name]
     options = [p for p in command.params if isinstance(p, click.Option) and p.name != "help"]
     assert options
     result = run([name, "--help"])
@@ -386,9 +388,9 @@ def test_every_option_has_a_rallypoint_variable_shown_in_help(name: str) -> None
 def test_process_environ_adds_hostname_only_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HOSTNAME", raising=False)
     monkeypatch.setattr(socket, "gethostname", lambda: "node-from-kernel")
-    assert cli_setup.process_environ()["HOSTNAME"] == "node-from-kernel"
+    assert cli_config.process_environ()["HOSTNAME"] == "node-from-kernel"
     monkeypatch.setenv("HOSTNAME", "node-from-shell")
-    assert cli_setup.process_environ()["HOSTNAME"] == "node-from-shell"
+    assert cli_config.process_environ()["HOSTNAME"] == "node-from-shell"
 
 
 def test_derive_uses_hostname_from_the_kernel_when_unexported(
@@ -396,7 +398,7 @@ def test_derive_uses_hostname_from_the_kernel_when_unexported(
 ) -> None:
     monkeypatch.setattr(socket, "gethostname", lambda: "n1")
     env = {"RALLYPOINT_HOSTS": "n0,n1,n2"}
-    result = CliRunner().invoke(cli.app, ["derive"], env={**clean_env(env), "HOSTNAME": None})
+    result = CliRunner().invoke(app, ["derive"], env={**clean_env(env), "HOSTNAME": None})
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["NODE_RANK"] == "1"
 

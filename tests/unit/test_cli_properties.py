@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rallypoint import cli
+from rallypoint.cli.commands import app
 from tests.support.env import clean_env
 
 # Variables the providers, the derivation and the CLI read (RALLYPOINT_VERBOSE is left out:
@@ -46,7 +46,7 @@ environments = st.dictionaries(st.sampled_from(KEYS), _plausible, max_size=10)
 @given(environ=environments, fmt=st.sampled_from(["json", "sh", "dotenv"]))
 def test_derive_ends_in_an_env_or_one_error_line(environ: dict[str, str], fmt: str) -> None:
     env = clean_env(environ)
-    result = CliRunner().invoke(cli.app, ["derive", "--format", fmt], env=env)
+    result = CliRunner().invoke(app, ["derive", "--format", fmt], env=env)
     assert result.exit_code in (0, 2), (result.exit_code, result.stderr, result.exception)
     assert "Traceback" not in result.stderr
     event(f"exit {result.exit_code}")

@@ -112,7 +112,7 @@ def _importers(library: str) -> set[str]:
     ("library", "package", "known"),
     [
         ("aiohttp.web", "server/", "server/__init__.py"),
-        ("click", "cli/", "cli/__init__.py"),
+        ("click", "cli/", "cli/commands.py"),
         ("zeroconf", "mdns/", "mdns/announce.py"),
         ("prometheus_client", "metrics.py", "metrics.py"),
     ],

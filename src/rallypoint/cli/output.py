@@ -18,6 +18,7 @@ from rallypoint.errors import ConfigError, RallypointError, RendezvousTimeout
 from rallypoint.logs import one_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
 
 
 def exit_code(exc: BaseException) -> int:
@@ -38,17 +39,25 @@ class Command(click.Command):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
-            if ctx.params.get("verbose"):
-                traceback.print_exc(file=sys.stderr)
-            if isinstance(exc, RallypointError):
-                message = str(exc)
-            else:
-                message = (
-                    f"unexpected {type(exc).__name__}: {exc} "
-                    "(rerun with --verbose for the traceback)"
-                )
-            click.echo(f"error: {one_line(message)}", err=True)
-            raise click.exceptions.Exit(exit_code(exc)) from exc
+            raise click.exceptions.Exit(report(exc, ctx.params.get("verbose", False))) from exc
+
+
+def report(exc: Exception, verbose: bool) -> int:
+    """Print a command's failure as `error: ...` (after the traceback when verbose); its code."""
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, RallypointError):
+        message = str(exc)
+    else:
+        message = f"unexpected {type(exc).__name__}: {exc} (rerun with --verbose for the traceback)"
+    click.echo(f"error: {one_line(message)}", err=True)
+    return exit_code(exc)
+
+
+def interrupted() -> int:
+    """Print an interrupt (Ctrl-C) as click does for a command; its exit code."""
+    click.echo(err=True)  # closes the terminal's ^C echo
+    return _fail("interrupted", EXIT_INTERRUPTED)
 
 
 # Raised by click >= 8.2 when the group runs without a command; older clicks print the help.
@@ -91,7 +100,7 @@ class Group(click.Group):
         except click.ClickException as exc:
             code = _fail(exc.format_message(), exc.exit_code)
         except click.Abort:
-            code = _fail("interrupted", 130)
+            code = _fail("interrupted", EXIT_INTERRUPTED)
         if standalone_mode:
             sys.exit(code)
         return code

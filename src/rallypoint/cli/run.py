@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from rallypoint.cli.options import Int, format_option, opt, settings_options
+from rallypoint.cli import fastserve, rules
+from rallypoint.cli.options import format_option, opt, settings_options
 from rallypoint.cli.output import Command, emit
 from rallypoint.cli.setup import setup
 from rallypoint.errors import ConfigError
@@ -20,12 +21,7 @@ from rallypoint.logs import one_line
 @click.pass_context
 def serve(ctx: click.Context, /, **_: Any) -> None:
     """Run the sidecar until SIGTERM or SIGINT."""
-    settings, environ = setup(ctx)
-    import asyncio
-
-    from rallypoint import sidecar
-
-    asyncio.run(sidecar.run(settings, environ))
+    fastserve.run(*setup(ctx))
 
 
 @click.command(cls=Command)
@@ -70,7 +66,7 @@ def derive(ctx: click.Context, /, fmt: str, **_: Any) -> None:
     "--nodes",
     "How many sidecars to run on this machine.",
     envvar="RALLYPOINT_DEMO_NODES",
-    type=Int("N", 1, 64, "a node count: use an integer 1-64"),
+    rule=rules.Int("N", 1, 64, "a node count: use an integer 1-64"),
     default=3,
 )
 @settings_options

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from rallypoint.cli.options import Seconds, client_options, logging_options, mdns_interfaces, opt
+from rallypoint.cli import rules
+from rallypoint.cli.options import client_options, logging_options, mdns_interfaces, opt
 from rallypoint.cli.output import EXIT_FAILED, Command, cell, table
 from rallypoint.cli.setup import base_url, setup
 
@@ -101,7 +102,7 @@ def _override(item: object) -> str:
     "--seconds",
     "How long to listen.",
     envvar="RALLYPOINT_PEERS_SECONDS",
-    type=Seconds(),
+    rule=rules.Seconds(),
     default=3.0,
 )
 @mdns_interfaces

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
+from rallypoint.cli import rules
 from rallypoint.cli.options import (
-    Seconds,
     client_options,
     format_option,
     opt,
@@ -117,7 +117,7 @@ def env(ctx: click.Context, /, fmt: str, **_: Any) -> None:
     "--timeout",
     "Seconds to wait for the answer.",
     envvar="RALLYPOINT_CHECK_TIMEOUT",
-    type=Seconds(),
+    rule=rules.Seconds(),
     default=2.0,
 )
 @client_options
