@@ -8,6 +8,10 @@ beside the window times the machine's cores: when the sum comes close, the rende
 CPU-bound and only less work per node shortens it.
 
     python bench/trace_ready.py --size 8 --scenario worker_last --runs 3
+    python bench/trace_ready.py --cpu-only --runs 10   # no debug logs: CPU and window only
+
+The window cannot be shorter than the busiest sidecar's CPU in it (the master's, whose
+event loop serves every node), nor than the sum over all sidecars divided by the cores.
 """
 
 from __future__ import annotations
@@ -35,17 +39,15 @@ EVENTS = (
 
 
 def sidecar_cpu_s(node: harness.Node) -> float:
-    """CPU seconds of every thread of every process in the node's sidecar session."""
+    """CPU seconds of every thread of the node's sidecar.
+
+    Its pid is the sidecar's own (the namespace wrapper execs it). Only that process's
+    threads are read: scanning /proc for its session took tens of ms per node on this
+    machine, so the snapshots of later nodes were late, and the scan itself competed with
+    the sidecars inside the window it measured.
+    """
     assert node.sidecar is not None
-    total = 0.0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if int(stat[stat.rindex(")") + 2 :].split()[3]) == node.sidecar.pid:
-                total += _cpu_s(int(pid))
-        except (OSError, ValueError):
-            continue
-    return total
+    return _cpu_s(node.sidecar.pid)
 
 
 def _cpu_s(pid: int) -> float:
@@ -68,7 +70,14 @@ def main() -> None:
     p.add_argument("--scenario", default="worker_last", choices=("master_last", "worker_last"))
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--wait", type=float, default=3.0, help="seconds the others wait first")
+    p.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="info-level logs (what the sidecars log by default): no timeline, CPU only",
+    )
     args = p.parse_args()
+    logs = ("--log-format", "json") if args.cpu_only else ("--log-format", "json", "--verbose")
+    summary: list[dict[str, float]] = []
     offset = time.time() - time.monotonic()  # the sidecars log wall-clock time
     for _, cluster in each_cluster([args.size], "trace", "rp-trace-"):
         for i in range(args.runs):
@@ -85,7 +94,7 @@ def main() -> None:
                 cluster,
                 args.scenario,
                 args.wait,
-                ("--log-format", "json", "--verbose"),
+                logs,
                 marks_out=marks,
                 hooks=(snapshot, snapshot),
             )
@@ -93,7 +102,7 @@ def main() -> None:
             window = max(m["ready"] for m in marks.values()) - live
             print(f"=== run {i}: {run['rallypoint_from_livez'] * 1000:.0f} ms from the last /livez")
             rows = []
-            for node in cluster:
+            for node in () if args.cpu_only else cluster:
                 for line in node.sidecar.log().splitlines() if node.sidecar else ():
                     try:
                         record = json.loads(line)
@@ -109,18 +118,36 @@ def main() -> None:
                     }
                     if -50 < at < window * 1000 + 50:
                         rows.append((at, node.name, record["event"], extra))
+            for node in cluster:
                 rows.append(
                     ((marks[node.name]["ready"] - live) * 1000, node.name, "(seen ready)", {})
                 )
             for at, name, event, extra in sorted(rows):
                 print(f"{at:8.1f} ms {name:6s} {event} {extra or ''}")
             used = {name: (cpu[1][name] - cpu[0].get(name, 0.0)) * 1000 for name in cpu[1]}
+            summary.append(
+                {
+                    "window_ms": window * 1000,
+                    "busiest_ms": max(used.values()),
+                    "sum_ms": sum(used.values()),
+                }
+            )
             print(
                 "CPU in the window, ms: "
                 + ", ".join(f"{name} {ms:.0f}" for name, ms in used.items())
                 + f"; sum {sum(used.values()):.0f} ms, window x cores "
                 f"{window * 1000 * (os.cpu_count() or 1):.0f} ms"
             )
+    cores = os.cpu_count() or 1
+    for key in ("window_ms", "busiest_ms", "sum_ms"):
+        values = sorted(run[key] for run in summary)
+        p50, low, high = values[len(values) // 2], values[0], values[-1]
+        print(f"{key}: p50 {p50:.0f}, min {low:.0f}, max {high:.0f}")
+    bound = sorted(max(r["busiest_ms"], r["sum_ms"] / cores) for r in summary)
+    print(
+        f"lower bound of the window from CPU (max of busiest, sum / {cores} cores): "
+        f"p50 {bound[len(bound) // 2]:.0f} ms, min {bound[0]:.0f} ms"
+    )
 
 
 if __name__ == "__main__":
