@@ -47,14 +47,9 @@ def total_ms(rows: list[tuple[int, int, str]]) -> float:
 
 
 def main() -> None:
-    p = common.parser(__doc__)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--against", type=Path, help="another checkout, measured in the same rounds")
-    args = p.parse_args()
+    args = common.ab_parser(__doc__, rounds=7).parse_args()
     rounds = 2 if args.quick else args.rounds
-    variants = {"this": common.REPO / "src"}
-    if args.against:
-        variants["against"] = args.against.resolve() / "src"
+    variants = common.checkouts(args.against)
     times: dict[tuple[str, str], list[float]] = {}
     fastest: dict[str, list[tuple[int, int, str]]] = {}
     load = [os.getloadavg()[0]]

@@ -78,14 +78,9 @@ def run_child(src: Path, nodes: int) -> dict[str, float]:
 
 
 def main() -> None:
-    p = common.parser(__doc__)
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--against", type=Path, help="another checkout, timed in the same rounds")
-    args = p.parse_args()
+    args = common.ab_parser(__doc__, rounds=15).parse_args()
     rounds = 3 if args.quick else args.rounds
-    variants = {"this": common.REPO / "src"}
-    if args.against:
-        variants["against"] = args.against.resolve() / "src"
+    variants = common.checkouts(args.against)
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in variants}
     load = [os.getloadavg()[0]]
     for i in range(rounds):
