@@ -183,6 +183,22 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def ab_parser(doc: str | None, rounds: int) -> argparse.ArgumentParser:
+    """parser() plus --rounds and --against CHECKOUT, for an A/B of two checkouts."""
+    p = parser(doc)
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--against", type=Path, help="another checkout, measured in the same rounds")
+    return p
+
+
+def checkouts(against: Path | None) -> dict[str, Path]:
+    """The src/ directories to measure: this checkout's ("this") and --against's ("against")."""
+    found = {"this": REPO / "src"}
+    if against is not None:
+        found["against"] = against.resolve() / "src"
+    return found
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     return {

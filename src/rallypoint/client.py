@@ -9,7 +9,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from rallypoint.backoff import Backoff
 from rallypoint.errors import (
@@ -29,8 +30,7 @@ POLL_S = 30.0
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
+class Answer(msgspec.Struct, frozen=True):
     """One HTTP answer from the local API."""
 
     status: int

@@ -21,7 +21,8 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from rallypoint import names, probe
 from rallypoint.auth import Authenticator
@@ -39,8 +40,7 @@ log = logging.getLogger("rallypoint.rendezvous")
 WINDOW_KINDS = ("master", "jax", "tf", "probe")
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
+class Target(msgspec.Struct, frozen=True):
     """One connection to try: a peer's port of one kind at the address its name gave here."""
 
     kind: str  # "master", "tf" or "probe"

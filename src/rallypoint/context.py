@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
 
 if TYPE_CHECKING:
     from rallypoint.metrics import Metrics
@@ -17,8 +18,7 @@ if TYPE_CHECKING:
     from rallypoint.settings import Settings
 
 
-@dataclass(frozen=True, slots=True)
-class NodeContext:
+class NodeContext(msgspec.Struct, frozen=True):
     """Built once the spec names every host; the master, worker and verification read it."""
 
     spec: ClusterSpec

@@ -13,7 +13,8 @@ import secrets
 import socket
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
-from dataclasses import replace
+
+from msgspec.structs import replace
 
 from rallypoint.errors import ConfigError, RendezvousTimeout
 from rallypoint.model import ClusterSpec, Env

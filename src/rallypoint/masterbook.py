@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import dataclasses
 import gzip
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from rallypoint import wire
 from rallypoint.errors import JoinRejected
@@ -33,8 +33,7 @@ _WINDOW_CODES = {
 GZIP_MIN_BYTES = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedDoc:
+class EncodedDoc(msgspec.Struct, frozen=True):
     """A cluster document encoded once: its JSON body, that body's SHA-256 and gzip of it."""
 
     body: bytes
@@ -228,7 +227,7 @@ class MasterBook:
         elif self.verdict is not None and (old is None or old.passed != report.passed):
             # Who is still checking is shown, not acted on: refresh it without a new version
             # (which would wake every long-poll), listing names once few are left.
-            self.verdict = dataclasses.replace(
+            self.verdict = msgspec.structs.replace(
                 self.verdict,
                 pending=self._pending()
                 if len(self._unpassed) <= wire.MAX_PENDING

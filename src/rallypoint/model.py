@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Literal
+
+import msgspec
 
 #: Framework names accepted in RALLYPOINT_FRAMEWORKS.
 FRAMEWORKS = frozenset({"torch", "tf", "jax"})
@@ -20,8 +21,7 @@ DEFAULT_LOCAL_PORT = 7780
 DEFAULT_PEER_PORT = 7781
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterSpec:
+class ClusterSpec(msgspec.Struct, frozen=True):
     """What a provider read from the orchestrator: the nodes, who we are, who is master.
 
     ``hosts`` is in node-rank order and the master is always node rank 0, because
@@ -56,8 +56,7 @@ class ClusterSpec:
         return self.rank == 0
 
 
-@dataclass(frozen=True, slots=True)
-class Member:
+class Member(msgspec.Struct, frozen=True):
     """One node as it reported itself when it joined the rendezvous."""
 
     rank: int
@@ -71,8 +70,7 @@ class Member:
     probe_port: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterDoc:
+class ClusterDoc(msgspec.Struct, frozen=True):
     """The master's answer once every node joined: the rendezvous result."""
 
     session: str
@@ -88,8 +86,7 @@ class ClusterDoc:
 OverrideSource = Literal["environment", "--set"]
 
 
-@dataclass(frozen=True, slots=True)
-class Override:
+class Override(msgspec.Struct, frozen=True):
     """A contract variable the user set, which wins over the derived value."""
 
     key: str
@@ -98,8 +95,7 @@ class Override:
     source: OverrideSource
 
 
-@dataclass(frozen=True, slots=True)
-class DeriveOptions:
+class DeriveOptions(msgspec.Struct, frozen=True):
     """Everything derivation needs besides the spec and the cluster document."""
 
     nproc_per_node: int = 1
@@ -113,7 +109,7 @@ class DeriveOptions:
     #: Serve ``ifname`` as NCCL_SOCKET_IFNAME too (--emit-ifname; NCCL picks its own).
     nccl_ifname: bool = False
     #: User-set values of contract variables: key -> (value, source).
-    user: Mapping[str, tuple[str, OverrideSource]] = field(default_factory=dict)
+    user: Mapping[str, tuple[str, OverrideSource]] = msgspec.field(default_factory=dict)
     #: Offline only (no cluster document): the master port shown; None means the
     #: spec's preferred port, else DEFAULT_MASTER_PORT.
     master_port: int | None = None
@@ -123,8 +119,7 @@ class DeriveOptions:
     jax_port: int = DEFAULT_JAX_PORT
 
 
-@dataclass(frozen=True, slots=True)
-class Env:
+class Env(msgspec.Struct, frozen=True):
     """The finished environment: contract variables only, in a stable order."""
 
     values: tuple[tuple[str, str], ...]

@@ -10,14 +10,14 @@ where every node shares this host); this node's own name is judged by :func:`jud
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import ipaddress
 import random
 import re
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from rallypoint.reasons import Reason
 
@@ -125,8 +125,7 @@ class Verdict(enum.StrEnum):
     MISMATCH = "mismatch"
 
 
-@dataclass(frozen=True, slots=True)
-class Resolution:
+class Resolution(msgspec.Struct, frozen=True):
     """The outcome of checking one name: verdict, addresses and a one-line explanation."""
 
     host: str
@@ -196,7 +195,7 @@ def settle(res: Resolution, *, accept_loopback: bool) -> Resolution:
     """``res``, with a LOOPBACK answer counted as OK when loopback is accepted."""
     if accept_loopback and res.verdict is Verdict.LOOPBACK:
         detail = f"{res.detail} (accepted: all nodes share this host)"
-        return dataclasses.replace(res, verdict=Verdict.OK, detail=detail)
+        return msgspec.structs.replace(res, verdict=Verdict.OK, detail=detail)
     return res
 
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Sequence, ValuesView
-from dataclasses import dataclass
+
+import msgspec
 
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.names import Resolution
 
 
-@dataclass(slots=True)
-class PeerState:
+class PeerState(msgspec.Struct):
     """What this node knows about one node of the session (changed only through PeerTable)."""
 
     rank: int

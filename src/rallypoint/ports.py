@@ -18,8 +18,9 @@ import errno
 import os
 import socket
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from types import TracebackType
+
+import msgspec
 
 from rallypoint.errors import PortError
 
@@ -46,8 +47,7 @@ def ephemeral_range(path: str = _EPHEMERAL_RANGE_PATH) -> tuple[int, int]:
     return low, high
 
 
-@dataclass(frozen=True, slots=True)
-class Skipped:
+class Skipped(msgspec.Struct, frozen=True):
     """A preferred port that was passed over, and why (shown in /status)."""
 
     port: int

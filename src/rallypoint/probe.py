@@ -23,7 +23,8 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
@@ -52,8 +53,7 @@ def direct(_host: str, address: str, port: int) -> tuple[str, int]:
     return address, port
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True):
     """One probe's result. ``cause`` is stable: ok, timeout, refused, reset, no_route,
     foreign_answer (something that is not a sidecar of the session answered), wrong_peer
     (another node of the session answered) or error."""

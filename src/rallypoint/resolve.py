@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import socket
 import threading
 import time
@@ -12,6 +11,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
+
+import msgspec
 
 from rallypoint import names
 from rallypoint.backoff import Backoff
@@ -197,7 +198,7 @@ async def verify(
         await backoff.sleep(cap_s=remaining)  # the pause never runs past the deadline
     if last is None:
         return names.no_attempt(host)
-    return dataclasses.replace(last, attempts=attempts, elapsed_s=clock() - started)
+    return msgspec.structs.replace(last, attempts=attempts, elapsed_s=clock() - started)
 
 
 def _dedupe(addresses: Iterable[str]) -> list[str]:

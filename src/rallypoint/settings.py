@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
 from typing import Any, Literal
+
+import msgspec
 
 from rallypoint import tfconfig
 from rallypoint.errors import ConfigError
@@ -23,8 +24,7 @@ Scope = Literal["auto", "all", "master"]
 MasterAddrMode = Literal["name", "ip"]
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
+class Settings(msgspec.Struct, frozen=True):
     """Every knob of the sidecar; seconds everywhere, converted only at the adapters."""
 
     # Which provider reads the environment; None means auto-detect.
@@ -78,7 +78,7 @@ class Settings:
     sets: tuple[tuple[str, str], ...] = ()  # --set KEY=VALUE, in order
 
     # Peers.
-    token: str | None = field(default=None, repr=False)
+    token: str | None = None  # a secret: left out of repr() (below)
     mdns: bool = True
     mdns_interfaces: tuple[str, ...] = ()  # empty: every interface with an address
     #: Ranks per relay in the fan-out tree (fanout.py): None automatic, 0 no tree.
@@ -87,6 +87,14 @@ class Settings:
     # Logging.
     log_format: Literal["text", "json"] = "text"
     verbose: bool = False
+
+    def __repr__(self) -> str:
+        # The token must never reach a log line or a traceback through a repr.
+        shown = ", ".join(f"{name}={value!r}" for name, value in self.__rich_repr__())
+        return f"{type(self).__name__}({shown})"
+
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        return [(name, getattr(self, name)) for name in self.__struct_fields__ if name != "token"]
 
     def derive_options(
         self,
@@ -110,7 +118,7 @@ class Settings:
         )
 
 
-_FIELDS = frozenset(f.name for f in fields(Settings))
+_FIELDS = frozenset(Settings.__struct_fields__)
 _DEFAULTS = Settings()
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+
+import msgspec
 
 from rallypoint import derive, names, netinfo, resolve, wire
 from rallypoint.context import NodeContext
@@ -23,8 +24,7 @@ PeerFailure = Callable[[ClusterDoc, str, Reason], None]
 PeerPassed = Callable[[ClusterDoc, int, Resolution], None]
 
 
-@dataclass(frozen=True, slots=True)
-class Checked:
+class Checked(msgspec.Struct, frozen=True):
     """The outcome of checking names: failures, a warning about our own name, what to serve."""
 
     failures: list[Reason]
@@ -39,7 +39,7 @@ class Checked:
     #: The interface that routes to the master, served or not (for /status and the MTU).
     route_ifname: str | None = None
     #: That interface's MTU and whether RDMA devices are visible, for the report.
-    net: wire.NetFacts = field(default_factory=wire.NetFacts)
+    net: wire.NetFacts = msgspec.field(default_factory=wire.NetFacts)
 
 
 class Verifier:

@@ -9,7 +9,8 @@ in wirefields.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
@@ -38,8 +39,7 @@ MAX_DOC_BYTES = 8 * 1024 * 1024
 MAX_ADDRESSES = 64
 
 
-@dataclass(frozen=True, slots=True)
-class JoinRequest:
+class JoinRequest(msgspec.Struct, frozen=True):
     """A worker's POST /v1/join: who it is and what it reserved."""
 
     session: str
@@ -48,8 +48,7 @@ class JoinRequest:
     generation_seen: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class JoinAnswer:
+class JoinAnswer(msgspec.Struct, frozen=True):
     """The master's answer to a join: its epoch (new on every master start) and progress."""
 
     session: str
@@ -59,8 +58,7 @@ class JoinAnswer:
     nnodes: int
 
 
-@dataclass(frozen=True, slots=True)
-class Poke:
+class Poke(msgspec.Struct, frozen=True):
     """The master's POST /v1/poke: "I (re)started or changed; re-join now"."""
 
     session: str
@@ -188,8 +186,7 @@ MAX_REPORT_BYTES = 64 * 1024
 _WINDOW_KINDS = frozenset({"master", "jax", "tf", "probe"})
 
 
-@dataclass(frozen=True, slots=True)
-class NetFacts:
+class NetFacts(msgspec.Struct, frozen=True):
     """The interface a node routes to the master through, as shown in /status."""
 
     ifname: str | None = None
@@ -197,8 +194,7 @@ class NetFacts:
     rdma: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Report:
+class Report(msgspec.Struct, frozen=True):
     """A node's POST /v1/report: its checks of one generation, and the verdict it saw last."""
 
     session: str
@@ -214,8 +210,7 @@ class Report:
     seen: int = -1
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True):
     """The master's cluster-wide verdict on one generation."""
 
     session: str

@@ -8,8 +8,9 @@ join or report. Batches stay under MAX_BATCH_BYTES: a relay cuts larger ones (ch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TypeVar
+
+import msgspec
 
 from rallypoint import wire
 from rallypoint.errors import PeerMessageError
@@ -24,8 +25,7 @@ MAX_BATCH_BYTES = 60 * 1024
 MAX_ITEMS = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class JoinBatch:
+class JoinBatch(msgspec.Struct, frozen=True):
     """A relay's POST /v1/joins: members of its group that joined it, for the master."""
 
     session: str
@@ -33,8 +33,7 @@ class JoinBatch:
     members: tuple[Member, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class ReportBatch:
+class ReportBatch(msgspec.Struct, frozen=True):
     """A relay's POST /v1/reports: its group's reports of one generation, and the verdict seen.
 
     The master answers with its verdict like a report, as a long-poll while ``seen`` is

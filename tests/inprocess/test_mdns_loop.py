@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import pytest
 
 from rallypoint.errors import PortError
@@ -105,7 +105,7 @@ async def test_discovery_waits_for_nnodes_then_adopts_the_ranks() -> None:
         view.seen.append(ann("a"))
         changed.set()
         await until(lambda: node.adopted)
-        assert node.adopted == [dataclasses.replace(unknown(2), hosts=("a", "b"), rank=1)]
+        assert node.adopted == [msgspec.structs.replace(unknown(2), hosts=("a", "b"), rank=1)]
         await until(lambda: len(view.announced) == 2)
         assert view.announced[1] == (1, "", ("10.0.0.9",))
     finally:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import string
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -212,7 +212,7 @@ def test_settle_turns_only_an_accepted_loopback_into_ok(verdict: Verdict, accept
     settled = names.settle(res, accept_loopback=accept)
     if accept and verdict is Verdict.LOOPBACK:
         assert settled.verdict is Verdict.OK and "accepted" in settled.detail
-        assert dataclasses.replace(settled, verdict=res.verdict, detail=res.detail) == res
+        assert msgspec.structs.replace(settled, verdict=res.verdict, detail=res.detail) == res
     else:
         assert settled is res
 

@@ -75,14 +75,15 @@ def demo(ctx: click.Context, /, nodes: int, **_: Any) -> None:
     """Run N sidecars on loopback and print each node's env and time to ready."""
     settings, _environ = setup(ctx)
     import asyncio
-    import dataclasses
     import secrets
+
+    import msgspec
 
     from rallypoint import demo as demonstration
 
     if settings.token is None:
         # Sign the demo's peer traffic with a throwaway secret: it shows the real setup.
-        settings = dataclasses.replace(settings, token=secrets.token_urlsafe(24))
+        settings = msgspec.structs.replace(settings, token=secrets.token_urlsafe(24))
     if not settings.verbose:
         logging.getLogger("rallypoint").setLevel(logging.WARNING)  # stdout tells the story
 

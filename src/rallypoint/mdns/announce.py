@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from msgspec.structs import replace
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
 from rallypoint.lifecycle import AsyncResource

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
 
 from rallypoint.errors import ClusterSpecError, PortError
 from rallypoint.mdns.ranks import assign_ranks
@@ -135,7 +136,7 @@ class DiscoveryLoop:
                     await asyncio.wait_for(self._changed.wait(), self._settle_s)
                 except TimeoutError:
                     log.info("mdns_discovered", extra={"hosts": ",".join(hosts)})
-                    return dataclasses.replace(spec, hosts=hosts, rank=hosts.index(host))
+                    return msgspec.structs.replace(spec, hosts=hosts, rank=hosts.index(host))
                 continue
             self._node.discovering(reason)
             # Signatures expire without an event: look again now and then.

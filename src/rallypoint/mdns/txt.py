@@ -6,7 +6,8 @@ import hashlib
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from rallypoint import names
 from rallypoint.errors import PeerMessageError
@@ -39,8 +40,7 @@ _INT = re.compile(r"-?[0-9]{1,7}")
 _UNSAFE_INSTANCE = re.compile(r"[^A-Za-z0-9-]+")
 
 
-@dataclass(frozen=True, slots=True)
-class Announcement:
+class Announcement(msgspec.Struct, frozen=True):
     """One node's mDNS announcement, validated; rank -1 means "not assigned yet"."""
 
     session: str
