@@ -22,6 +22,7 @@ from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageErro
 from rallypoint.masterbook import MasterBook, stale_generation
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.peerhttp import PeerClient
+from rallypoint.race import unless_set
 from rallypoint.reasons import Reason
 from rallypoint.settings import Settings
 
@@ -161,15 +162,7 @@ class GenerationCheck:
             self._dirty.clear()
             seen = -1 if self.verdict is None else self.verdict.version
             state = self._state()
-            send = asyncio.ensure_future(self._transport(self._report(seen)))
-            dirty = asyncio.ensure_future(self._dirty.wait())
-            try:
-                await asyncio.wait({send, dirty}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                dirty.cancel()
-                if not send.done():
-                    send.cancel()
-                await asyncio.gather(send, dirty, return_exceptions=True)
+            send = await unless_set(self._transport(self._report(seen)), self._dirty)
             if send.cancelled():
                 continue  # our own checks changed: report them at once
             try:

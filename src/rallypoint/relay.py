@@ -22,6 +22,7 @@ from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.masterbook import EncodedDoc, stale_generation, wait_until
 from rallypoint.model import ClusterDoc, Member
+from rallypoint.race import unless_set
 from rallypoint.wirefields import dump
 
 log = logging.getLogger("rallypoint.rendezvous")
@@ -312,18 +313,7 @@ class Relay:
         """One upstream request to ``route``: its answer, the refusal (the master's, or a 503
         for the group when it cannot be reached), or None if ``interrupt`` was set first;
         counted in rallypoint_relay_batches by result."""
-        request = asyncio.ensure_future(send)
-        waits: set[asyncio.Future[Any]] = {request}
-        stop = None if interrupt is None else asyncio.ensure_future(interrupt.wait())
-        if stop is not None:
-            waits.add(stop)
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+        request = await unless_set(send, interrupt)
         batches = self.ctx.metrics.relay_batches
         if request.cancelled():
             batches.labels(route, "interrupted").inc()

@@ -12,6 +12,7 @@ from rallypoint.backoff import Backoff
 from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc, Member
+from rallypoint.race import unless_set
 from rallypoint.reasons import Reason, auth_reason
 
 # The rendezvous logs under one name, whichever module of it speaks.
@@ -235,15 +236,8 @@ class Worker:
 
     async def _poll(self, target: tuple[str, int], after: str | None) -> ClusterDoc | None:
         """One long-poll; the document, None on timeout, _Rejoin on a poke or lost master."""
-        poll = asyncio.ensure_future(self.ctx.client.get_cluster(target, after))
-        poked = asyncio.ensure_future(self._poked.wait())
-        try:
-            await asyncio.wait({poll, poked}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (poll, poked):
-                task.cancel()
-            await asyncio.gather(poll, poked, return_exceptions=True)
-        if not poll.done() or poll.cancelled():
+        poll = await unless_set(self.ctx.client.get_cluster(target, after), self._poked)
+        if poll.cancelled():
             self._poked.clear()
             self._skip_relay = False  # poked: the relay may be back
             raise _Rejoin("poked")
