@@ -26,11 +26,16 @@ POKE_TIMEOUT_S = 2.0
 JOIN_LOG_ALL_NODES = 256
 
 
-def _log_join(member: Member, remote: str | None, before: int, joined: int, nnodes: int) -> None:
+def _log_join(
+    member: Member, remote: str | None, relay: int | None, before: int, joined: int, nnodes: int
+) -> None:
+    fields: dict[str, object] = {"rank": member.rank, "host": member.host, "remote": remote}
+    if relay is not None:
+        fields["relay"] = relay  # remote is then the relay's address
     if nnodes <= JOIN_LOG_ALL_NODES:
-        log.info("joined", extra={"rank": member.rank, "host": member.host, "remote": remote})
+        log.info("joined", extra=fields)
         return
-    log.debug("joined", extra={"rank": member.rank, "host": member.host, "remote": remote})
+    log.debug("joined", extra=fields)
     step = max(1, nnodes // 10)
     if joined != before and (joined // step != before // step or joined == nnodes):
         log.info("joins_progress", extra={"joined": joined, "nnodes": nnodes})
@@ -106,10 +111,14 @@ class Master:
 
     def handle_joins(self, batch: wirebatch.JoinBatch, remote: str | None) -> wire.JoinAnswer:
         """Record a relay's batch of its group's joins, all or none; JoinRejected when refused."""
-        return self._record([wire.JoinRequest(batch.session, m) for m in batch.members], remote)
+        requests = [wire.JoinRequest(batch.session, m) for m in batch.members]
+        return self._record(requests, remote, relay=batch.relay)
 
-    def _record(self, requests: list[wire.JoinRequest], remote: str | None) -> wire.JoinAnswer:
-        """Check every join, then record them all: one worker's, or a relay's batch."""
+    def _record(
+        self, requests: list[wire.JoinRequest], remote: str | None, relay: int | None = None
+    ) -> wire.JoinAnswer:
+        """Check every join, then record them all: one worker's, or a relay's batch (``relay``
+        its rank, ``remote`` its address)."""
         book = self.book
         try:
             for request in requests:
@@ -122,10 +131,10 @@ class Master:
             member = request.member
             before = len(book.members)
             changed = book.record(member)
-            self.ctx.peers.joined(member, remote, self.ctx.readiness.uptime_s)
+            self.ctx.peers.joined(member, remote, self.ctx.readiness.uptime_s, relay=relay)
             if not changed:
                 self.documents.recheck(member.host)
-            _log_join(member, remote, before, len(book.members), self.ctx.spec.nnodes)
+            _log_join(member, remote, relay, before, len(book.members), self.ctx.spec.nnodes)
         if book.doc is None:
             self.ctx.readiness.not_ready(self._waiting_reason(book))
         return wire.JoinAnswer(

@@ -20,6 +20,8 @@ class PeerState(msgspec.Struct):
     addresses: tuple[str, ...] = ()
     tf_port: int | None = None
     remote: str | None = None
+    #: The relay whose batch carried its last join (None: it joined the master itself).
+    relay: int | None = None
     in_scope: bool = False
     resolution: Resolution | None = None
 
@@ -42,8 +44,11 @@ class PeerTable:
     def items(self) -> ItemsView[int, PeerState]:
         return self._peers.items()
 
-    def joined(self, member: Member, remote: str | None, uptime_s: float) -> None:
-        """The master recorded ``member``'s join from ``remote`` (None: the master itself)."""
+    def joined(
+        self, member: Member, remote: str | None, uptime_s: float, *, relay: int | None = None
+    ) -> None:
+        """The master recorded ``member``'s join from ``remote`` (None: the master itself),
+        batched by the relay of rank ``relay`` (None: not batched)."""
         peer = self._peers[member.rank]
         if not peer.joined or peer.addresses != member.addresses:
             peer.joined_after_s = uptime_s
@@ -51,6 +56,7 @@ class PeerTable:
         peer.addresses = member.addresses
         peer.tf_port = member.tf_port
         peer.remote = remote
+        peer.relay = relay
 
     def listed(self, members: Iterable[Member]) -> None:
         """A cluster document lists ``members``: each joined with these facts."""

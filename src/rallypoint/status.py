@@ -106,6 +106,7 @@ def peer_json(peer: PeerState) -> dict[str, object]:
         "addresses": list(peer.addresses),
         "tf_port": peer.tf_port,
         "remote": peer.remote,
+        "relay": peer.relay,
         "verified": peer.in_scope,
         "verdict": None if res is None else str(res.verdict),
         "resolved": [] if res is None else list(res.addresses),

@@ -52,6 +52,9 @@ async def test_a_relay_batches_its_group_for_the_master() -> None:
         assert requests(master, "/v1/join") >= 4  # ranks 1, 2, 3 and 6 (a poke may add one)
         for rank in (4, 5):
             assert c.nodes[rank].node.master_target == ("127.0.0.1", c.peer_ports["node3"])
+        # The master's /status says which joins a relay batched, and whose they were.
+        peers = {p["rank"]: p for p in master.node.status()["peers"]}  # type: ignore[union-attr]
+        assert [peers[r]["relay"] for r in range(N)] == [None, None, None, None, 3, 3, None]
         for route in ("/v1/joins", "/v1/reports"):
             assert batches(relay, route, "accepted") >= 1
             assert batches(relay, route, "unreachable") == 0

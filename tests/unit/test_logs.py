@@ -19,7 +19,9 @@ LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
 EVENT = re.compile(r"[a-z][a-z0-9_.]*")
 
 
-def _join_line(formatter: logging.Formatter) -> str:
+def _join_line(
+    formatter: logging.Formatter, remote: str = "10.0.0.2", relay: int | None = None
+) -> str:
     """The line a node-2 join logs on the master through ``formatter``."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -29,7 +31,7 @@ def _join_line(formatter: logging.Formatter) -> str:
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     try:
-        master._log_join(Member(2, "node2", ("10.0.0.2",)), "10.0.0.2", 1, 2, 3)
+        master._log_join(Member(2, "node2", ("10.0.0.2",)), remote, relay, 1, 2, 3)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -46,6 +48,11 @@ def test_a_json_line_carries_the_events_fields_as_keys() -> None:
 def test_a_text_line_reads_event_then_fields_in_order() -> None:
     line = _join_line(logs.TextFormatter(None))
     assert line.endswith("rallypoint.rendezvous: joined rank=2 host=node2 remote=10.0.0.2")
+
+
+def test_a_join_a_relay_batched_names_the_relay() -> None:
+    line = _join_line(logs.TextFormatter(None), remote="10.0.0.9", relay=9)
+    assert line.endswith("joined rank=2 host=node2 remote=10.0.0.9 relay=9")
 
 
 def _messages(root: Path) -> Iterator[tuple[str, ast.Call, ast.expr]]:
