@@ -30,6 +30,11 @@ import common
 from local_api import wrk
 
 IMAGES = ("rallypoint:local", "rallypoint:0.1.0")
+#: With --mdns ROLE: a node of a two-host list, as most clusters start.
+MDNS_ENV = {
+    role: {"RALLYPOINT_HOSTS": "127.0.0.1,127.0.0.2", "RALLYPOINT_NODE_RANK": rank}
+    for role, rank in (("master", "0"), ("worker", "1"))
+}
 
 
 def start_time(argv: list[str], port: int, path: str, env: dict[str, str] | None = None) -> float:
@@ -82,7 +87,15 @@ def main() -> None:
         help="with --starts-only: also start `serve` from this checkout (its src/ first on "
         "PYTHONPATH), interleaved, and report its gap too (an A/B of two versions in one run)",
     )
+    p.add_argument(
+        "--mdns",
+        choices=sorted(MDNS_ENV),
+        help="with --starts-only: start `serve` as the default does, mDNS on (on loopback only, "
+        "so nothing leaves this host), as this node of a two-host list",
+    )
     args = p.parse_args()
+    if args.mdns and not args.starts_only:
+        p.error("--mdns needs --starts-only")
     if args.against and not args.starts_only:
         p.error("--against needs --starts-only")
     if args.quick:
@@ -90,10 +103,21 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rp-bench-"))
 
     byte_compile(common.REPO / "src")
+    mdns_env = MDNS_ENV[args.mdns] if args.mdns else {}
+    side_env = common.quiet_environ(mdns_env)
     other_env = None
     if args.against:
         byte_compile(args.against / "src")
-        other_env = common.quiet_environ({"PYTHONPATH": str(args.against.resolve() / "src")})
+        other_env = common.quiet_environ(
+            {"PYTHONPATH": str(args.against.resolve() / "src"), **mdns_env}
+        )
+
+    def serve_argv(local_port: int, peer_port: int) -> list[str]:
+        argv = common.serve_argv(local_port, peer_port)
+        if args.mdns:
+            argv[argv.index("--no-mdns")] = "--mdns"
+            argv += ["--mdns-interface", "lo"]
+        return argv
 
     # Start-up, interleaved with the bare server so both see the same machine load.
     side_starts, bare_starts, other_starts = [], [], []
@@ -101,7 +125,7 @@ def main() -> None:
     body.write_text('{"MASTER_ADDR": "127.0.0.1"}')
     for i in range(args.starts):
         lp, pp = common.free_port(), common.free_port()
-        side_starts.append(start_time(common.serve_argv(lp, pp), lp, "/livez"))
+        side_starts.append(start_time(serve_argv(lp, pp), lp, "/livez", env=side_env))
         bp = common.free_port()
         bare_starts.append(
             start_time(
@@ -116,13 +140,15 @@ def main() -> None:
         )
         if other_env is not None:
             lp, pp = common.free_port(), common.free_port()
-            argv = common.serve_argv(lp, pp)
+            argv = serve_argv(lp, pp)
             other_starts.append(start_time(argv, lp, "/livez", env=other_env))
             line += f", --against {other_starts[-1] * 1000:6.0f} ms"
         print(line)
 
     if args.starts_only:
-        report_starts(side_starts, bare_starts, args.starts, other_starts, args.against)
+        report_starts(
+            side_starts, bare_starts, args.starts, other_starts, args.against, mdns=args.mdns
+        )
         return
 
     # Memory: idle once ready, then after the requests.
@@ -189,12 +215,28 @@ def main() -> None:
         plot(side_starts, bare_starts, rss_idle, rss_loaded, peak)
 
 
+def checkout_name(path: Path) -> str:
+    """The commit a checkout is at (its path would name this machine's directories)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "another checkout"
+    return f"commit {out.stdout.strip()}"
+
+
 def report_starts(
     side: list[float],
     bare: list[float],
     starts: int,
     other: list[float],
     against: Path | None,
+    *,
+    mdns: str | None = None,
 ) -> None:
     """The start-up figures alone, with the gap to the bare server taken start by start."""
     start = common.summary(side, 1000)
@@ -207,13 +249,13 @@ def report_starts(
         other_gap = common.summary([o - b for o, b in zip(other, bare, strict=True)], 1000)
         compared = {
             "against": {
-                "checkout": str(against),
+                "checkout": checkout_name(against),
                 "start_to_livez_ms": other_start,
                 "gap_ms": other_gap,
             }
         }
         print(
-            f"\n--against {against}: p50 {other_start['p50']:.0f} ms; "
+            f"\n--against {checkout_name(against)}: p50 {other_start['p50']:.0f} ms; "
             f"pairwise gap p50 {other_gap['p50']:.0f} ms p99 {other_gap['p99']:.0f} ms"
         )
     targets = {
@@ -229,9 +271,11 @@ def report_starts(
     )
     for name, t in targets.items():
         print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict'].upper()}")
-    command = f"python bench/footprint.py --starts-only --starts {starts}"
+    command = f"python bench/footprint.py --starts-only --starts {starts}" + (
+        f" --mdns {mdns}" if mdns else ""
+    )
     common.write_summary(
-        "footprint-starts",
+        f"footprint-starts-mdns-{mdns}" if mdns else "footprint-starts",
         {
             "command": command + (" --against CHECKOUT" if against else ""),
             "load_avg_1m": round(os.getloadavg()[0], 1),
