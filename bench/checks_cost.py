@@ -86,7 +86,7 @@ def main() -> None:
         f"--sizes {' '.join(map(str, args.sizes))} --runs {args.runs} --wait {args.wait:g} "
         f"--scenarios {' '.join(args.scenarios)}"
         + "".join(f" --variant '{name}={' '.join(extra)}'" for name, extra in chosen.items())
-        + (f" --against {args.against}" if args.against is not None else "")
+        + (" --against CHECKOUT" if args.against is not None else "")
     )
     data = {"table": table, "targets": targets(table, list(chosen))}
     if args.out == "checks_cost":
