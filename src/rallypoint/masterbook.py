@@ -49,6 +49,16 @@ class EncodedDoc(msgspec.Struct, frozen=True):
         packed = gzip.compress(body, mtime=0) if len(body) >= GZIP_MIN_BYTES else None
         return cls(body, hashlib.sha256(body).digest(), packed)
 
+    @classmethod
+    def reusing(
+        cls, doc: ClusterDoc, current: ClusterDoc | None, cached: EncodedDoc | None
+    ) -> EncodedDoc:
+        """``doc`` encoded: ``cached`` when ``doc`` is ``current``, the document it encodes
+        (the master's book and a relay keep their current document's encoding)."""
+        if doc is current and cached is not None:
+            return cached
+        return cls.of(doc)
+
 
 async def wait_until(
     done: Callable[[], bool], event: Callable[[], asyncio.Event], timeout_s: float
@@ -126,9 +136,7 @@ class MasterBook:
 
     def encoded(self, doc: ClusterDoc) -> EncodedDoc:
         """``doc`` encoded for GET /v1/cluster; the cached encoding when it is ``self.doc``."""
-        if doc is self.doc and self.encoded_doc is not None:
-            return self.encoded_doc
-        return EncodedDoc.of(doc)
+        return EncodedDoc.reusing(doc, self.doc, self.encoded_doc)
 
     def check(self, request: wire.JoinRequest) -> None:
         """Refuse joins from another session, outside the spec, or from the wrong host."""

@@ -159,9 +159,7 @@ class Relay:
 
     def encoded(self, doc: ClusterDoc) -> EncodedDoc:
         """``doc`` encoded for GET /v1/cluster; the cached encoding when it is ``self.doc``."""
-        if doc is self.doc and self.encoded_doc is not None:
-            return self.encoded_doc
-        return EncodedDoc.of(doc)
+        return EncodedDoc.reusing(doc, self.doc, self.encoded_doc)
 
     async def handle_report(self, report: wire.Report) -> wire.Verdict:
         """Record a member's checks for the next batch; the master's verdict, held while quiet."""
