@@ -247,15 +247,16 @@ def report_starts(
     if against is not None:
         other_start = common.summary(other, 1000)
         other_gap = common.summary([o - b for o, b in zip(other, bare, strict=True)], 1000)
+        name = checkout_name(against)
         compared = {
             "against": {
-                "checkout": checkout_name(against),
+                "checkout": name,
                 "start_to_livez_ms": other_start,
                 "gap_ms": other_gap,
             }
         }
         print(
-            f"\n--against {checkout_name(against)}: p50 {other_start['p50']:.0f} ms; "
+            f"\n--against {name}: p50 {other_start['p50']:.0f} ms; "
             f"pairwise gap p50 {other_gap['p50']:.0f} ms p99 {other_gap['p99']:.0f} ms"
         )
     targets = {
