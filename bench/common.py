@@ -199,6 +199,20 @@ def checkouts(against: Path | None) -> dict[str, Path]:
     return found
 
 
+def checkout_name(path: Path) -> str:
+    """The commit a checkout is at (its path would name this machine's directories)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "another checkout"
+    return f"commit {out.stdout.strip()}"
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     return {

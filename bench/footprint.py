@@ -215,20 +215,6 @@ def main() -> None:
         plot(side_starts, bare_starts, rss_idle, rss_loaded, peak)
 
 
-def checkout_name(path: Path) -> str:
-    """The commit a checkout is at (its path would name this machine's directories)."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "another checkout"
-    return f"commit {out.stdout.strip()}"
-
-
 def report_starts(
     side: list[float],
     bare: list[float],
@@ -247,7 +233,7 @@ def report_starts(
     if against is not None:
         other_start = common.summary(other, 1000)
         other_gap = common.summary([o - b for o, b in zip(other, bare, strict=True)], 1000)
-        name = checkout_name(against)
+        name = common.checkout_name(against)
         compared = {
             "against": {
                 "checkout": name,

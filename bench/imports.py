@@ -69,7 +69,7 @@ def main() -> None:
         after = fastest[name]
         heaviest = sorted(after, reverse=True)[:TOP]
         report[name] = {
-            "checkout": str(src.parent),
+            "checkout": common.checkout_name(src.parent),
             "side_ms": common.summary(side),
             "bare_ms": common.summary(bare),
             "gap_of_bests_ms": round(min(side) - min(bare), 1),
