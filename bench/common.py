@@ -23,6 +23,14 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
+
+# Every process a benchmark starts runs this checkout's code, whatever the interpreter has
+# installed (an editable install points at one checkout only, a wheel at none): without this,
+# a run from a second checkout would measure the first one's sidecar under its own name. An
+# A/B variant that runs another checkout (--against) sets its own PYTHONPATH over this one.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+)
 RESULTS_DIR = BENCH_DIR / "results"
 IMG_DIR = REPO / "docs" / "img"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
