@@ -23,6 +23,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
+from typing import cast
 
 import msgspec
 
@@ -226,12 +227,12 @@ class _Answer(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport; uvloop's do not derive from asyncio.Transport, so no isinstance.
+        self.transport = cast(asyncio.Transport, transport)
         if self.listener.active >= MAX_CONNECTIONS:
             # A flood of strangers: refuse at once rather than hold more state.
             self._count("refused_busy")
-            transport.abort()
+            self.transport.abort()
             return
         self.listener.active += 1
         self.slot = True
