@@ -15,6 +15,7 @@ import json
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def main() -> None:
         assert status == 200, body
         (tmp / "env.json").write_bytes(body)
         bare = common.spawn(
-            ["python", str(common.BENCH_DIR / "bare_server.py"), str(bare_port),
+            [sys.executable, str(common.BENCH_DIR / "bare_server.py"), str(bare_port),
              str(tmp / "env.json")], cpus="0")  # fmt: skip
         common.wait_status(bare_port, "/env")
         _, bare_body = common.get(bare_port, "/env")
