@@ -23,7 +23,6 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
-from typing import cast
 
 import msgspec
 
@@ -227,12 +226,12 @@ class _Answer(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport; uvloop's do not derive from asyncio.Transport, so no isinstance.
-        self.transport = cast(asyncio.Transport, transport)
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         if self.listener.active >= MAX_CONNECTIONS:
             # A flood of strangers: refuse at once rather than hold more state.
             self._count("refused_busy")
-            self.transport.abort()
+            transport.abort()
             return
         self.listener.active += 1
         self.slot = True

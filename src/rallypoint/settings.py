@@ -22,7 +22,6 @@ from rallypoint.model import (
 
 Scope = Literal["auto", "all", "master"]
 MasterAddrMode = Literal["name", "ip"]
-EventLoop = Literal["auto", "uvloop", "asyncio"]
 
 
 class Settings(msgspec.Struct, frozen=True):
@@ -84,10 +83,6 @@ class Settings(msgspec.Struct, frozen=True):
     mdns_interfaces: tuple[str, ...] = ()  # empty: every interface with an address
     #: Ranks per relay in the fan-out tree (fanout.py): None automatic, 0 no tree.
     relay_group_size: int | None = None
-
-    #: The event loop `serve` runs on (cli/fastserve.loop_runner): auto is uvloop where it
-    #: is installed, else asyncio's own.
-    event_loop: EventLoop = "auto"
 
     # Logging.
     log_format: Literal["text", "json"] = "text"

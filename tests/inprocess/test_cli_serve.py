@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -33,7 +31,7 @@ def start() -> Iterator[Callable[..., Served]]:
     """Start single-node sidecars on free test ports; stop them (SIGTERM, then SIGKILL) after."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(*extra: str, env: dict[str, str] | None = None) -> Served:
+    def start(*extra: str) -> Served:
         local, peer = free_port(), free_port()
         # The sidecar keeps the ports it reserves outside the kernel's ephemeral range.
         master, tf = free_port(low=20000, high=29999), free_port(low=20000, high=29999)
@@ -41,8 +39,7 @@ def start() -> Iterator[Callable[..., Served]]:
                 "--master-port", str(master), "--tf-port", str(tf), *extra]  # fmt: skip
         proc = subprocess.Popen(
             [sys.executable, "-m", "rallypoint", *args],
-            env={**child_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
+            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         procs.append(proc)
         return Served(proc, local, peer, master, tf)
@@ -153,53 +150,6 @@ def test_serve_with_a_malformed_user_value_exits_2_before_listening(
     )
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [line]
-
-
-def _without_uvloop(tmp_path: Path) -> dict[str, str]:
-    """PYTHONPATH with a uvloop that cannot be imported ahead of the installed one."""
-    shadow = tmp_path / "shadow" / "uvloop"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text('raise ImportError("no uvloop on this host")\n')
-    rest = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": os.pathsep.join([str(shadow.parent), *([rest] if rest else [])])}
-
-
-@pytest.mark.parametrize(
-    ("extra", "uvloop_installed", "loop"),
-    [
-        ((), True, "uvloop"),
-        (("--event-loop", "asyncio"), True, "asyncio"),
-        ((), False, "asyncio"),
-    ],
-    ids=["auto", "asyncio", "auto-without-uvloop"],
-)
-def test_serve_runs_its_checks_on_the_loop_chosen(
-    start: Callable[..., Served],
-    tmp_path: Path,
-    extra: tuple[str, ...],
-    uvloop_installed: bool,
-    loop: str,
-) -> None:
-    env = None if uvloop_installed else _without_uvloop(tmp_path)
-    served = start("--no-mdns", *extra, env=env)
-    waited = rallypoint("wait", "--local-port", str(served.local_port), "--timeout", "60")
-    assert waited.returncode == 0, waited.stderr
-    served.proc.send_signal(signal.SIGTERM)
-    _, stderr = served.proc.communicate(timeout=10)
-    listening = [line for line in stderr.splitlines() if " listening " in line]
-    assert len(listening) == 1 and listening[0].endswith(f" loop={loop}"), stderr
-
-
-def test_serve_on_uvloop_that_cannot_be_imported_exits_2(tmp_path: Path) -> None:
-    proc = rallypoint(
-        "serve", "--local-port", str(free_port()), "--no-mdns", "--event-loop", "uvloop",
-        env=_without_uvloop(tmp_path),
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines() == [
-        "error: --event-loop uvloop: uvloop cannot be imported (no uvloop on this host); "
-        "install it (pip install uvloop) or use --event-loop auto"
-    ]
 
 
 def test_demo_prints_every_node_ready() -> None:

@@ -55,7 +55,7 @@ GOOD = {
     "frameworks": ["torch", "tf,jax"], "nproc_per_node": ["2", "8"],
     "tf_layout": ["chief", "ps:2"], "sets": ["A=1", "MASTER_PORT=29600"],
     "relay_group_size": ["auto", "0", "16"], "mdns_interfaces": ["lo", "eth0,lo"],
-    "log_format": ["json", "text"], "event_loop": ["uvloop", " ASYNCIO ", "auto"],
+    "log_format": ["json", "text"],
 }  # fmt: skip
 
 

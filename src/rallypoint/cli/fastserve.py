@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rallypoint.cli import config, rules, specs
-from rallypoint.errors import ConfigError
 from rallypoint.settings import Settings
 
 #: Each flag of `serve` with its spec and, for a boolean flag, the value it sets.
@@ -71,31 +70,11 @@ def parse(
 
 def run(settings: Settings, environ: dict[str, str]) -> None:
     """What `serve` does once it has its Settings: run the sidecar until a signal stops it."""
-    from rallypoint import sidecar
-
-    loop_runner(settings.event_loop)(sidecar.run(settings, environ))
-
-
-def loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, None]], None]:
-    """asyncio.run or uvloop.run, as --event-loop chose; auto takes uvloop where installed.
-
-    uvloop runs the event loop's own machinery (handles, timers, transports) in C: the
-    rendezvous spends a third of its CPU there (docs/performance.md, section 1, round 7).
-    """
-    if choice != "asyncio":
-        try:
-            import uvloop
-        except ImportError as exc:
-            if choice == "uvloop":
-                raise ConfigError(
-                    f"--event-loop uvloop: uvloop cannot be imported ({exc}); "
-                    "install it (pip install uvloop) or use --event-loop auto"
-                ) from exc
-        else:
-            return uvloop.run
     import asyncio
 
-    return asyncio.run
+    from rallypoint import sidecar
+
+    asyncio.run(sidecar.run(settings, environ))
 
 
 def serve(args: Sequence[str]) -> int | None:

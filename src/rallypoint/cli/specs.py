@@ -148,7 +148,5 @@ SETTINGS = (
          dest="relay_group_size", rule=rules.RelayGroup(), default="auto"),
     Spec("--mdns/--no-mdns", "Announce and browse over mDNS.", default=_S.mdns),
     MDNS_INTERFACES,
-    Spec("--event-loop", "Event loop (auto: uvloop where installed, else asyncio).",
-         rule=rules.Choice(("auto", "uvloop", "asyncio")), default=_S.event_loop),
     *LOGGING,
 )  # fmt: skip

@@ -9,7 +9,6 @@ middleware and error shape (common.py); this module binds them (Listeners).
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 
@@ -106,8 +105,6 @@ class Listeners(AsyncResource):
             extra={
                 "local": ",".join(f"{h}:{p}" for h, p in self.local_bound),
                 "peer": ",".join(f"{h}:{p}" for h, p in self.peer_bound),
-                # uvloop or asyncio (--event-loop): which one a report came from.
-                "loop": type(asyncio.get_running_loop()).__module__.partition(".")[0],
             },
         )
 
