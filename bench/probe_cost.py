@@ -7,6 +7,7 @@ check, and the listener's accept, HMAC answer and close, in batches of 50 at onc
 
     python bench/probe_cost.py               # 10 rounds of 20 batches
     python bench/probe_cost.py --quick
+    python bench/probe_cost.py --loops       # asyncio's loop and uvloop (pip install uvloop)
 """
 
 from __future__ import annotations
@@ -58,11 +59,38 @@ async def rounds(count: int, batches: int) -> list[float]:
     return per_probe_ms
 
 
+def loops(count: int, batches: int) -> dict[str, object]:
+    """CPU per probe on asyncio's loop and on uvloop, one round of each in turn."""
+    try:
+        import uvloop
+    except ImportError as exc:
+        raise SystemExit(f"--loops needs uvloop ({exc}): pip install uvloop") from exc
+
+    runners = {"asyncio": asyncio.run, "uvloop": uvloop.run}
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(count):
+        for name, run in runners.items():
+            samples[name] += run(rounds(1, batches))
+    figures = {name: common.summary(values) for name, values in samples.items()}
+    ratio = figures["uvloop"]["p50"] / figures["asyncio"]["p50"]
+    print(
+        f"CPU per probe, both ends, p50: asyncio {figures['asyncio']['p50']:.3f} ms, uvloop "
+        f"{figures['uvloop']['p50']:.3f} ms ({ratio:.2f}x; n={count} rounds each)"
+    )
+    return {"cpu_per_probe_ms": figures, "uvloop_over_asyncio_p50": round(ratio, 3)}
+
+
 def main() -> None:
     p = common.parser(__doc__)
     p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--loops", action="store_true", help="asyncio's loop against uvloop")
     args = p.parse_args()
     count, batches = (3, 4) if args.quick else (args.rounds, 20)
+    if args.loops:
+        name = "probe_cost-loops" + ("-quick" if args.quick else "")
+        command = "python bench/probe_cost.py --loops" + (" --quick" if args.quick else "")
+        common.write_summary(name, {"command": command, **loops(count, batches)})
+        return
     samples = asyncio.run(rounds(count, batches))
     figure = common.summary(samples)
     print(f"CPU per probe, both ends: p50 {figure['p50']:.3f} ms (n={len(samples)} rounds)")
