@@ -43,17 +43,21 @@ BARE = "import aiohttp.web"
 TOP = 15
 
 
-def importtime(src: Path, statement: str) -> list[tuple[int, int, str]]:
-    """(self us, cumulative us, indented name) of every module the statement imported."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", statement],
+def run(src: Path, code: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter with ``src`` first on the path."""
+    return subprocess.run(
+        [sys.executable, *flags, "-c", code],
         env=dict(os.environ, PYTHONPATH=str(src)),
         capture_output=True,
         text=True,
         check=True,
     )
+
+
+def importtime(src: Path, statement: str) -> list[tuple[int, int, str]]:
+    """(self us, cumulative us, indented name) of every module the statement imported."""
     rows = []
-    for line in done.stderr.splitlines():
+    for line in run(src, statement, "-X", "importtime").stderr.splitlines():
         if line.startswith("import time:") and "cumulative" not in line:
             own, cumulative, name = line.removeprefix("import time:").split("|")
             rows.append((int(own), int(cumulative), name[1:]))
@@ -81,14 +85,8 @@ for name in {rest!r}: importlib.import_module(name)"""
 
 
 def child(src: Path, code: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=dict(os.environ, PYTHONPATH=str(src)),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
+    """What ``code`` printed, run as run() does."""
+    return run(src, code).stdout.strip()
 
 
 def own_modules(src: Path) -> list[str]:
