@@ -68,15 +68,18 @@ def importtime(src: Path, statement: str) -> list[tuple[int, int, str]]:
 SERVE = ("rallypoint.cli.fastserve", "rallypoint.sidecar", "rallypoint.mdns.announce",
          "rallypoint.mdns.loop")  # fmt: skip
 
-CLOCKED = """\
-import time
+#: A child that prints the wall ms of ``body``; ``setup`` runs before the clock starts.
+TIMED = """\
+import importlib, time{setup}
 started = time.perf_counter()
-import asyncio, importlib, threading
 {body}
 print((time.perf_counter() - started) * 1000)
 """
-SERIAL = "import aiohttp.web\nfor name in {free!r} + {rest!r}: importlib.import_module(name)"
+SERIAL = """\
+import asyncio, threading, aiohttp.web
+for name in {free!r} + {rest!r}: importlib.import_module(name)"""
 THREADED = """\
+import asyncio, threading
 loader = threading.Thread(target=importlib.import_module, args=("aiohttp.web",))
 loader.start()
 for name in {free!r}: importlib.import_module(name)
@@ -106,8 +109,8 @@ def threaded(src: Path, rounds: int) -> dict[str, object]:
     """Serial against threaded imports of the same modules, wall ms, interleaved."""
     free = aiohttp_free(src)
     variants = {
-        "serial": CLOCKED.format(body=SERIAL.format(free=free, rest=list(SERVE))),
-        "threaded": CLOCKED.format(body=THREADED.format(free=free, rest=list(SERVE))),
+        "serial": TIMED.format(setup="", body=SERIAL.format(free=free, rest=list(SERVE))),
+        "threaded": TIMED.format(setup="", body=THREADED.format(free=free, rest=list(SERVE))),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
@@ -138,12 +141,6 @@ def helper{i}(x):
     return [Thing{i}(x, y) for y in range(3)]
 CONST{i} = {{"a": 1, "b": 2}}
 """
-TIMED_IMPORTS = """\
-import importlib, logging, time
-started = time.perf_counter()
-for name in {names!r}: importlib.import_module(name)
-print((time.perf_counter() - started) * 1000)
-"""
 
 
 def per_module(rounds: int) -> dict[str, object]:
@@ -163,7 +160,9 @@ def per_module(rounds: int) -> dict[str, object]:
         times: dict[str, list[float]] = {"many": [], "one": []}
         for _ in range(rounds):
             for kind, root in roots.items():
-                times[kind].append(float(child(root, TIMED_IMPORTS.format(names=names[kind]))))
+                body = f"for name in {names[kind]!r}: importlib.import_module(name)"
+                code = TIMED.format(setup=", logging", body=body)
+                times[kind].append(float(child(root, code)))
     many, one = statistics.median(times["many"]), statistics.median(times["one"])
     print(
         f"{count} modules: p50 {many:.1f} ms; the same code in one module: {one:.1f} ms;"
