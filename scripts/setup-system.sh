@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare a Debian machine (root) for the container and Slurm tiers: install the
-# Docker engine, Debian's docker-compose 1.29, debootstrap, the network tools and
+# Docker engine, Debian's docker-compose 1.29, debootstrap, the network tools (iproute2,
+# iptables, ethtool, faketime for the data-path faults) and
 # Slurm (slurmctld, slurmd, the client commands, munge), then start dockerd in the
 # background unless an engine already answers.
 # Idempotent: a second run installs nothing and leaves a running engine alone.
@@ -19,7 +20,7 @@ set -euo pipefail
 
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/rallypoint-dockerd.log}"
 DOCKER_WAIT_S="${DOCKER_WAIT_S:-60}"
-PACKAGES=(docker.io docker-compose debootstrap iproute2 iptables slurmctld slurmd slurm-client munge)
+PACKAGES=(docker.io docker-compose debootstrap iproute2 iptables ethtool faketime slurmctld slurmd slurm-client munge)
 
 log() { printf 'setup-system: %s\n' "$*" >&2; }
 

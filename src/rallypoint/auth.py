@@ -42,6 +42,7 @@ _MESSAGE_TAG = b"rallypoint-message-v1"
 _DIGEST_BYTES = hashlib.sha256().digest_size
 _FIELDS_TAG = b"rallypoint-fields-v1"
 _PROBE_TAG = b"rallypoint-probe-v1"
+_DATA_TAG = b"rallypoint-probe-data-v1"
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _NONCE = re.compile(r"[0-9a-f]{32}")
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
@@ -140,6 +141,28 @@ class Authenticator:
         self._check_fresh(shown, ts)
         self._remember(shown, nonce, ts)
 
+    def verify_echo(
+        self, context: str, body: bytes, headers: Mapping[str, str], *, sent: str, echoed: str
+    ) -> None:
+        """Accept an authentic answer that echoes ``sent``, the nonce of the request this node
+        just made, whatever its timestamp; AuthError otherwise, no-op when off.
+
+        Challenge-response instead of a clock: only a holder of the secret can sign an answer
+        naming a nonce that did not exist before the request (docs/readiness.md#clocks). It is
+        for a refusal that carries the answering node's clock, so nothing is remembered.
+        """
+        if not self.enabled:
+            return
+        shown = context if context.isprintable() else ascii(context)
+        found = _pick_headers(shown, headers)
+        timestamp, nonce, signature = (found[name] for name in _HEADERS)
+        _check_formats(shown, timestamp, nonce, signature)
+        self._check_mac(shown, _message_parts(context, timestamp, nonce, body), signature)
+        if not hmac.compare_digest(sent.encode(), echoed.encode()):
+            raise AuthError(
+                f"rejected {shown}: it echoes another request's nonce", reason="replayed"
+            )
+
     def sign_fields(self, fields: Mapping[str, str]) -> dict[str, str]:
         """``fields`` plus "ts", "nonce" and "sig"; ``fields`` unchanged when auth is off."""
         reserved = sorted(set(fields) & set(FIELD_KEYS))
@@ -175,6 +198,13 @@ class Authenticator:
         """
         return self._mac([_PROBE_TAG, _utf8(session), _utf8(nonce), b"%d" % rank, _utf8(host)])
 
+    def data_mac(self, session: str, nonce: str, up: int, down: int) -> str:
+        """A prober's request to move ``up`` and ``down`` bytes on the probe of ``nonce``.
+
+        Keyed by the token, so that with one set a stranger cannot make a window send data.
+        """
+        return self._mac([_DATA_TAG, _utf8(session), _utf8(nonce), b"%d" % up, b"%d" % down])
+
     def _mac(self, parts: list[bytes]) -> str:
         return hmac.new(self._key, _frame(parts), hashlib.sha256).hexdigest()
 
@@ -190,6 +220,7 @@ class Authenticator:
                 f"rejected {context}: its timestamp is {abs(skew):.0f}s {direction} this "
                 f"node's clock (limit {self.max_skew_s:g}s); synchronise the clocks (NTP)",
                 reason="stale",
+                skew_s=-skew,
             )
 
     def _remember(self, context: str, nonce: str, ts: int) -> None:

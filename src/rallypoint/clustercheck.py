@@ -19,6 +19,7 @@ from typing import Protocol
 from rallypoint import wire
 from rallypoint.backoff import Backoff
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
+from rallypoint.links import LinkStat
 from rallypoint.masterbook import MasterBook, stale_generation
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.peerhttp import PeerClient
@@ -124,6 +125,8 @@ class GenerationCheck:
             Reason("verifying", f"checking peer names for generation {doc.generation}")
         ]
         self.passed = False
+        #: The links this node measured for this generation (links.py), as reported.
+        self.links: tuple[LinkStat, ...] = ()
         self.verdict: wire.Verdict | None = None
         self.problem: Reason | None = None
         self._dirty = asyncio.Event()
@@ -131,13 +134,23 @@ class GenerationCheck:
         self._answered: object = None
         self._progress = asyncio.Event()  # replaced and set after every answered report
 
-    def update(self, failures: Sequence[Reason], *, passed: bool = False) -> None:
-        """This node's own checks changed: show it now, and report it when the report changes."""
-        before = (self.passed, self._failures())
+    def update(
+        self,
+        failures: Sequence[Reason],
+        *,
+        passed: bool = False,
+        links: Sequence[LinkStat] | None = None,
+    ) -> None:
+        """This node's own checks changed: show it now, and report it when the report changes.
+
+        ``links``: the links measured so far (None: unchanged)."""
+        before = self._state()
         self.local = list(failures)
         self.passed = passed and not failures
+        if links is not None:
+            self.links = tuple(links)
         self._show()
-        if (self.passed, self._failures()) != before:
+        if self._state() != before:
             self._dirty.set()
 
     async def reported(self, timeout_s: float) -> None:
@@ -168,8 +181,9 @@ class GenerationCheck:
             try:
                 verdict = send.result()
             except (PeerDown, JoinRejected, AuthError, PeerMessageError) as exc:
+                clocked = isinstance(exc, AuthError) and exc.skew_s is not None
                 self.problem = Reason(
-                    "report_failed",
+                    "clock_skew" if clocked else "report_failed",
                     f"cannot report this node's checks to the master {self.spec.master}: {exc}",
                     host=self.spec.master,
                 )
@@ -246,6 +260,11 @@ class GenerationCheck:
                 "warnings": list(verdict.warnings),
             },
             "report_problem": None if self.problem is None else self.problem.as_json(),
+            "links": [
+                {"host": self.spec.hosts[link.peer], **link.as_json()}
+                for link in self.links
+                if link.peer < self.spec.nnodes
+            ],
         }
 
     def _show(self) -> None:
@@ -267,7 +286,7 @@ class GenerationCheck:
         )
 
     def _state(self) -> object:
-        return (self.passed, self._failures())
+        return (self.passed, self._failures(), self.links)
 
     def _report(self, seen: int) -> wire.Report:
         rank = self.spec.rank
@@ -282,6 +301,7 @@ class GenerationCheck:
             busy=self._busy(),
             net=self.net,
             seen=seen,
+            links=self.links,
         )
 
 

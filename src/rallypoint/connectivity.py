@@ -8,7 +8,11 @@ What is tried, for one cluster document (docs/readiness.md, "Connections"):
 * every node reaches each peer in its scope on that peer's probe port, held in the
   ephemeral range where gloo and NCCL listen, so a firewall that opens only the peer API
   port fails the check as it would fail the job;
-* with TF_CONFIG served, every node reaches each peer's TF worker port the same way.
+* with TF_CONFIG served, every node reaches each peer's TF worker port the same way;
+* on the probe port, data crosses both ways (datapath.py): PATH_BYTES on every pair, so
+  that full-size segments must pass (a stall is searched for the packet size that does
+  pass: ``path_mtu``), and enough on the links of links.measured_peers to measure their
+  throughput, retransmits and RTT.
 
 Probes run concurrently (at most ``probe_workers`` at once), each bounded by
 ``probe_timeout_s``; failing ones are retried with capped, jittered backoff until they pass,
@@ -24,15 +28,28 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from rallypoint import names, probe
+from rallypoint import datapath, links, names, probe
 from rallypoint.auth import Authenticator
 from rallypoint.backoff import Backoff
 from rallypoint.errors import PortError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.ports import HeldPort
-from rallypoint.reasons import Reason, unreachable_reason
+from rallypoint.reasons import (
+    Reason,
+    path_mtu_reason,
+    slow_link_failure,
+    stalled_reason,
+    unreachable_reason,
+)
 from rallypoint.settings import Settings
+
+#: Bytes each way of one try in the search for the packet size that passes.
+SEARCH_BYTES = 16 * 1024
+#: The smallest packets every path must carry: IPv4's 576 (RFC 791), IPv6's 1280 (RFC 8200).
+MIN_PACKET = {4: 576, 6: 1280}
+#: IP and TCP headers below the MSS (options are counted in the MSS).
+HEADERS = {4: 40, 6: 60}
 
 log = logging.getLogger("rallypoint.rendezvous")
 
@@ -153,6 +170,13 @@ class Prober:
         self.route = route
         self._rng = rng
         self._slots = asyncio.Semaphore(settings.probe_workers)
+        #: The links measured in the current run, by peer rank (links.measured_peers).
+        self.links: dict[int, links.LinkStat] = {}
+        #: This node's interface MTU, the top of a path-MTU search.
+        self.mtu: int | None = None
+        self._measure = frozenset(
+            links.measured_peers(spec.nnodes, spec.rank) if settings.throughput else ()
+        )
 
     def start(self, target: Target) -> asyncio.Task[probe.Outcome]:
         """Probe one target now, ahead of run() (its name passed before the others')."""
@@ -168,6 +192,7 @@ class Prober:
 
         The first round takes the outcome of a probe already ``started`` for a target.
         """
+        self.links = {}
         failing = await self._round(targets, started)
         on_change(list(failing.values()))
         # Half jitter: a floor of half the ceiling keeps retries of a failing port spaced out.
@@ -191,20 +216,68 @@ class Prober:
     ) -> dict[Target, Reason]:
         early = started or {}
         outcomes = await asyncio.gather(*(early.get(t) or self._one(t) for t in targets))
-        return {
-            t: unreachable_reason(
-                (self.spec.rank, self.spec.host),
-                (t.rank, t.host, t.address),
-                t.kind,
-                t.port,
-                outcome.cause,
-                outcome.detail,
-            )
-            for t, outcome in zip(targets, outcomes, strict=True)
-            if not outcome.ok
-        }
+        failing: dict[Target, Reason] = {}
+        for target, outcome in zip(targets, outcomes, strict=True):
+            reason = self._judge(target, outcome)
+            if reason is not None:
+                failing[target] = reason
+        return failing
 
-    async def _one(self, target: Target) -> probe.Outcome:
+    def _judge(self, t: Target, outcome: probe.Outcome) -> Reason | None:
+        """The failure an outcome stands for (None: passed); records a measured link."""
+        source, target = (self.spec.rank, self.spec.host), (t.rank, t.host, t.address)
+        if outcome.cause == "path_mtu":
+            return path_mtu_reason(source, target, int(outcome.detail), self.mtu)
+        if outcome.cause == "stalled":
+            return stalled_reason(source, target, t.port, outcome.detail)
+        if not outcome.ok:
+            return unreachable_reason(source, target, t.kind, t.port, outcome.cause, outcome.detail)
+        transfer = outcome.transfer
+        if transfer is None or t.rank not in self._measure or t.kind != "probe":
+            return None
+        link = links.LinkStat(
+            peer=t.rank,
+            up_mbps=transfer.up_mbps,
+            down_mbps=transfer.down_mbps,
+            up_retrans=transfer.up_retrans,
+            down_retrans=transfer.down_retrans,
+            rtt_ms=None if transfer.rtt_us is None else transfer.rtt_us / 1000,
+            bytes=min(transfer.up_bytes, transfer.down_bytes),
+            complete=transfer.complete,
+        )
+        self.links[t.rank] = link
+        self._export(t.host, link)
+        floor = self.settings.min_link_mbps
+        slowest = min(link.up_mbps, link.down_mbps)
+        if floor is not None and slowest < floor:
+            return slow_link_failure(source, (t.rank, t.host), slowest, floor)
+        return None
+
+    def _export(self, host: str, link: links.LinkStat) -> None:
+        metrics = self.metrics
+        metrics.link_mbps.labels(host, "up").set(link.up_mbps)
+        metrics.link_mbps.labels(host, "down").set(link.down_mbps)
+        for direction, share in (("up", link.up_retrans), ("down", link.down_retrans)):
+            if share is not None:
+                metrics.link_retrans.labels(host, direction).set(share)
+        if link.rtt_ms is not None:
+            metrics.link_rtt.labels(host).set(link.rtt_ms / 1000)
+
+    def _data(self, target: Target) -> datapath.DataRequest | None:
+        """What the probe of ``target`` moves: nothing on ports other than the probe port."""
+        if target.kind != "probe":
+            return None
+        size = (
+            self.settings.throughput_bytes if target.rank in self._measure else datapath.PATH_BYTES
+        )
+        return datapath.DataRequest(
+            up=size,
+            down=size,
+            stall_s=self.settings.probe_timeout_s,
+            budget_s=self.settings.throughput_budget_s,
+        )
+
+    async def _probe(self, target: Target, data: datapath.DataRequest | None) -> probe.Outcome:
         address, port = self.route(target.host, target.address, target.port)
         async with self._slots:
             outcome = await probe.probe(
@@ -215,7 +288,40 @@ class Prober:
                 rank=target.rank,
                 host=target.host,
                 timeout_s=self.settings.probe_timeout_s,
+                data=data,
             )
+        if outcome.transfer is not None:
+            self.metrics.probe_bytes.labels("sent").inc(outcome.transfer.up_bytes)
+            self.metrics.probe_bytes.labels("received").inc(outcome.transfer.down_bytes)
+        return outcome
+
+    async def _search(self, target: Target) -> int | None:
+        """The largest packet that crosses to ``target`` and back, or None when none does."""
+        family = 6 if ":" in target.address else 4
+        low, high = MIN_PACKET[family], max(self.mtu or 1500, MIN_PACKET[family])
+        stall_s = min(self.settings.probe_timeout_s, 1.0)
+
+        async def passes(size: int) -> bool:
+            request = datapath.DataRequest(
+                up=SEARCH_BYTES,
+                down=SEARCH_BYTES,
+                stall_s=stall_s,
+                budget_s=max(stall_s * 2, 1.0),
+                mss=size - HEADERS[family],
+            )
+            outcome = await self._probe(target, request)
+            return outcome.ok and outcome.transfer is not None and outcome.transfer.complete
+
+        return await datapath.largest_passing(low, high, passes)
+
+    async def _one(self, target: Target) -> probe.Outcome:
+        outcome = await self._probe(target, self._data(target))
+        if outcome.cause == "stalled":
+            # Connected and answered, then data stopped: find the packet size that passes.
+            size = await self._search(target)
+            top = max(self.mtu or 1500, MIN_PACKET[6 if ":" in target.address else 4])
+            if size is not None and size < top:
+                outcome = probe.Outcome("path_mtu", str(size), outcome.elapsed_s)
         self.metrics.probes_sent.labels(target.kind, outcome.cause).inc()
         if not outcome.ok:
             log.debug(

@@ -34,10 +34,13 @@ class PortError(RallypointError):
 class AuthError(RallypointError):
     """Raised when a peer message is unsigned, stale, replayed or carries a bad signature."""
 
-    def __init__(self, message: str, *, reason: str = "other") -> None:
+    def __init__(self, message: str, *, reason: str = "other", skew_s: float | None = None) -> None:
         super().__init__(message)
         #: A stable label: unsigned, malformed, stale, replayed, bad_signature, refused, other.
         self.reason = reason
+        #: Set when the message was refused for its timestamp alone: the sender's clock minus
+        #: the receiver's, in seconds (positive: the sender is ahead; docs/readiness.md#clocks).
+        self.skew_s = skew_s
 
 
 class PeerMessageError(RallypointError):

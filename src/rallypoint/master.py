@@ -8,6 +8,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from rallypoint import fanout, names, resolve, wire, wirebatch
+from rallypoint.clock import refused_reason
 from rallypoint.clustercheck import answer_reports, local_transport
 from rallypoint.context import NodeContext
 from rallypoint.errors import JoinRejected, PeerDown
@@ -58,6 +59,9 @@ class Master:
         self.documents = documents
         self.epoch = book.epoch
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Rank -> (its clock minus ours, the limit) of the last message refused as stale,
+        #: until that rank joins (clock_reasons).
+        self.refused_skew: dict[int, tuple[float, float]] = {}
 
     async def close(self) -> None:
         """Cancel the pokes in flight; closing twice is safe."""
@@ -71,7 +75,7 @@ class Master:
         book = self.book
         book.record(own)
         self.ctx.peers.joined(own, None, self.ctx.readiness.uptime_s)
-        self.ctx.readiness.not_ready(self._waiting_reason(book))
+        self.ctx.readiness.not_ready(self._waiting_reason(book), *self._clock_reasons(book))
         # Workers may be deep in a backoff pause: wake them so nobody waits it out.
         self._poke_workers()
         after: str | None = None
@@ -105,6 +109,26 @@ class Master:
             ranks=tuple(missing),
         )
 
+    def clock_refused(self, host: str, skew_s: float, limit_s: float) -> None:
+        """A message from ``host`` was refused as ``skew_s`` ahead of our clock: name it in the
+        waiting reasons until that node joins."""
+        spec, book = self.ctx.spec, self.book
+        rank = next((r for r, h in enumerate(spec.hosts) if h == host), None)
+        if rank is None or rank == spec.rank:
+            return
+        self.refused_skew[rank] = (skew_s, limit_s)
+        if book.doc is None:
+            self.ctx.readiness.not_ready(self._waiting_reason(book), *self._clock_reasons(book))
+
+    def _clock_reasons(self, book: MasterBook) -> list[Reason]:
+        """A clock_skew reason for each node not joined whose messages were refused as stale."""
+        joined = book.members
+        return [
+            refused_reason(self.ctx.spec.hosts[rank], rank, skew_s, limit_s)
+            for rank, (skew_s, limit_s) in sorted(self.refused_skew.items())[:8]
+            if rank not in joined
+        ]
+
     def handle_join(self, request: wire.JoinRequest, remote: str | None) -> wire.JoinAnswer:
         """Record a worker's join; JoinRejected when refused."""
         return self._record([request], remote)
@@ -129,6 +153,7 @@ class Master:
         self.ctx.metrics.joins.labels("accepted").inc(len(requests))
         for request in requests:
             member = request.member
+            self.refused_skew.pop(member.rank, None)
             before = len(book.members)
             changed = book.record(member)
             self.ctx.peers.joined(member, remote, self.ctx.readiness.uptime_s, relay=relay)
@@ -136,7 +161,7 @@ class Master:
                 self.documents.recheck(member.host)
             _log_join(member, remote, relay, before, len(book.members), self.ctx.spec.nnodes)
         if book.doc is None:
-            self.ctx.readiness.not_ready(self._waiting_reason(book))
+            self.ctx.readiness.not_ready(self._waiting_reason(book), *self._clock_reasons(book))
         return wire.JoinAnswer(
             session=self.ctx.spec.session,
             epoch=self.epoch,

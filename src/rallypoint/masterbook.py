@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from rallypoint import wire
+from rallypoint import links, wire
+from rallypoint.clock import CLOCK_WARN_S, warning
 from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, ClusterSpec, Member
 from rallypoint.reasons import Reason
@@ -28,6 +29,9 @@ _WINDOW_CODES = {
     "tf_port_unreachable": "tf",
 }
 
+
+#: Link warnings a verdict lists; the rest are counted (the master's /status has them all).
+LINK_WARNINGS_SHOWN = 8
 
 #: Documents smaller than this are always sent as they are: gzip would not pay for itself.
 GZIP_MIN_BYTES = 1024
@@ -112,6 +116,10 @@ class MasterBook:
         self._unpassed: set[int] = set(range(spec.nnodes))
         self._failing: set[int] = set()
         self._mtus: dict[int, int] = {}  # MTU -> how many nodes report it
+        # Rank -> its clock warning, for the nodes CLOCK_WARN_S or more off (_track_clock).
+        self._skewed: dict[int, str] = {}
+        #: Slow and lossy links of the current generation, once every node reported.
+        self.link_warnings: list[Reason] = []
         self.verdict: wire.Verdict | None = None
         self._verdict_version = 0
         self._verdict_changed = asyncio.Event()
@@ -190,6 +198,8 @@ class MasterBook:
         self._unpassed = set(range(self.spec.nnodes))
         self._failing = set()
         self._mtus = {}
+        self._skewed = {}
+        self.link_warnings = []
         self._rebuild(force=True)
         return True
 
@@ -227,6 +237,9 @@ class MasterBook:
             before.failures != report.failures
             or before.busy != report.busy
             or self._count_mtu(before.net.mtu, report.net.mtu)
+            or self._track_clock(report)
+            or before.links != report.links
+            or before.net.rdma != report.net.rdma
         )
         # Verified can only flip once every rank reported and nobody else still checks.
         complete = len(self.reports) == spec.nnodes and self._unpassed <= self._failing
@@ -274,7 +287,16 @@ class MasterBook:
         ]
         blocked = self._blocked()
         verified = not blocked and not failures
-        warnings = self._mtu_warnings()
+        warnings = self._mtu_warnings() + self._clock_warnings()
+        if len(self.reports) == self.spec.nnodes:
+            # Judged once every node reported: links are compared with the cluster's best,
+            # and judging at every report of a 4096-node herd would cost O(N^2).
+            self.link_warnings = self._judge_links()
+            warnings += tuple(r.message for r in self.link_warnings[:LINK_WARNINGS_SHOWN])
+            if len(self.link_warnings) > LINK_WARNINGS_SHOWN:
+                more = len(self.link_warnings) - LINK_WARNINGS_SHOWN
+                warnings += (f"{more} more slow or lossy links: see the master's /status",)
+            warnings += self._rdma_warnings()
         old = self.verdict
         if (
             not force
@@ -345,6 +367,55 @@ class MasterBook:
         ranks = reason.ranks or (rank,)
         return Reason(reason.code, message[:1000], reason.host, reason.detail, ranks)
 
+    def _judge_links(self) -> list[Reason]:
+        measured = {rank: report.links for rank, report in self.reports.items() if report.links}
+        return links.judge(measured, self.spec.hosts)
+
+    def link_view(self, limit: int = 512) -> list[dict[str, object]]:
+        """Every measured link of the current generation (the first ``limit``), for /status."""
+        hosts = self.spec.hosts
+        flagged: dict[tuple[int, int], list[str]] = {}
+        for reason in self.link_warnings:
+            if len(reason.ranks) == 2:
+                pair = (min(reason.ranks), max(reason.ranks))
+                flagged.setdefault(pair, []).append(reason.code)
+            elif len(reason.ranks) == 1:
+                flagged.setdefault((reason.ranks[0], -1), []).append(reason.code)
+        out: list[dict[str, object]] = []
+        for rank, report in sorted(self.reports.items()):
+            for link in report.links:
+                if link.peer >= len(hosts) or len(out) >= limit:
+                    continue
+                pair = (min(rank, link.peer), max(rank, link.peer))
+                codes = flagged.get(pair, []) + flagged.get((rank, -1), [])
+                codes += flagged.get((link.peer, -1), [])
+                out.append(
+                    {
+                        "from": hosts[rank],
+                        "to": hosts[link.peer],
+                        **link.as_json(),
+                        "warnings": sorted(set(codes)),
+                    }
+                )
+        return out
+
+    def _rdma_warnings(self) -> tuple[str, ...]:
+        """Nodes that differ in whether they see RDMA devices (NCCL then mixes IB and TCP)."""
+        with_rdma = [r.host for _, r in sorted(self.reports.items()) if r.net.rdma]
+        if not with_rdma or len(with_rdma) == len(self.reports):
+            return ()
+        without = [r.host for _, r in sorted(self.reports.items()) if not r.net.rdma]
+
+        def some(hosts: list[str]) -> str:
+            more = f" and {len(hosts) - 4} more" if len(hosts) > 4 else ""
+            return ", ".join(hosts[:4]) + more
+
+        return (
+            f"RDMA devices are visible on {some(with_rdma)} but not on {some(without)}: NCCL "
+            "would mix InfiniBand and sockets across the cluster; give every node the same "
+            "devices, or set NCCL_IB_DISABLE=1 on every node",
+        )
+
     def _mtu_warnings(self) -> tuple[str, ...]:
         if len(self._mtus) < 2:
             return ()
@@ -365,6 +436,34 @@ class MasterBook:
             + "; ".join(parts)
             + "; large messages may stall where paths disagree: give every node the same MTU",
         )
+
+    def _track_clock(self, report: wire.Report) -> bool:
+        """Note a node's clock as its report gives it; True when its warning changed (O(1))."""
+        facts = report.clock
+        if facts is None or abs(facts.offset_s) < CLOCK_WARN_S:
+            return self._skewed.pop(report.rank, None) is not None
+        text = warning(report.host, facts)
+        old = self._skewed.get(report.rank)
+        # The round trip changes with every sample: only a move of the offset itself (at the
+        # warning's 0.1 s precision) is worth a new verdict version.
+        if old is not None and old.split(" (", 1)[0] == text.split(" (", 1)[0]:
+            return False
+        self._skewed[report.rank] = text
+        return True
+
+    def _clock_warnings(self) -> tuple[str, ...]:
+        """One warning per node whose clock is CLOCK_WARN_S or more off the master's (a few
+        named, the rest counted)."""
+        if not self._skewed:
+            return ()
+        ranks = sorted(self._skewed)
+        out = [self._skewed[rank] for rank in ranks[:4]]
+        if len(ranks) > 4:
+            out.append(
+                f"{len(ranks) - 4} more nodes' clocks are {CLOCK_WARN_S:g} s or more off the "
+                "master's: the master's /status lists each node's offset under cluster"
+            )
+        return tuple(out)
 
     async def wait(self, after: str | None, timeout_s: float) -> ClusterDoc | None:
         """A document whose generation is not ``after``, or None after ``timeout_s``."""

@@ -155,12 +155,45 @@ class Metrics:
             "Connections to this node's probe windows, by result (answered, garbage ...)",
             "result",
         )
+        self.link_mbps = Family(
+            "gauge",
+            "rallypoint_link_throughput_mbps",
+            "Throughput of each link this node measured, Mbit/s, by peer and direction (up: "
+            "towards the peer)",
+            "peer",
+            "direction",
+        )
+        self.link_retrans = Family(
+            "gauge",
+            "rallypoint_link_retransmit_ratio",
+            "Share of the bytes retransmitted on each link this node measured, by peer and "
+            "direction",
+            "peer",
+            "direction",
+        )
+        self.link_rtt = Family(
+            "gauge",
+            "rallypoint_link_rtt_seconds",
+            "Smoothed RTT of each link this node measured (TCP_INFO), by peer",
+            "peer",
+        )
+        self.probe_bytes = counter(
+            "rallypoint_probe_bytes",
+            "Bytes the data-path checks moved, both ends, by direction (sent, received)",
+            "direction",
+        )
         self.relay_batches = counter(
             "rallypoint_relay_batches",
             "Batches a relay sent the master, by route and result (accepted, a refusal's code, "
             "unreachable, interrupted)",
             "route",
             "result",
+        )
+        # -- clocks (clock.py) --
+        self.clock_offset = Family(
+            "gauge",
+            "rallypoint_clock_offset_seconds",
+            "This node's clock minus the master's, as last measured (0 on the master)",
         )
         self._request_children: dict[tuple[str, str, int], Sample] = {}
         #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from rallypoint.links import measured_peers
 from rallypoint.reasons import Reason
 
 if TYPE_CHECKING:
@@ -208,7 +209,8 @@ def scope_ranks(
     """The ranks whose names this node verifies, in ascending order, its own rank included.
 
     "all": every rank. "master": rank 0 and this rank. "auto": "all" up to
-    AUTO_ALL_MAX_NODES nodes, else the master, this rank, its ring neighbours and ``sample``
+    AUTO_ALL_MAX_NODES nodes, else the master, this rank, its ring neighbours, the peers
+    whose links it measures (links.measured_peers) and ``sample``
     other ranks drawn with a generator seeded by ``seed`` and the rank, so that every run of
     the same session checks the same names. The own rank is there for the self check
     (Debian's 127.0.1.1 line), which :func:`judge_own` judges.
@@ -227,6 +229,7 @@ def scope_ranks(
     if scope == "master":
         return sorted(chosen)
     chosen |= {(rank - 1) % nnodes, (rank + 1) % nnodes}
+    chosen |= set(measured_peers(nnodes, rank))  # the links whose throughput it measures
     others = [other for other in range(nnodes) if other not in chosen]
     # A str seed is hashed with SHA-512 by random.seed, so the draw is the same on every
     # platform and does not depend on PYTHONHASHSEED.

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
+from rallypoint import datapath
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 
@@ -56,11 +57,14 @@ def direct(_host: str, address: str, port: int) -> tuple[str, int]:
 class Outcome(msgspec.Struct, frozen=True):
     """One probe's result. ``cause`` is stable: ok, timeout, refused, reset, no_route,
     foreign_answer (something that is not a sidecar of the session answered), wrong_peer
-    (another node of the session answered) or error."""
+    (another node of the session answered), stalled (answered, then data stopped: see
+    datapath.py), or error."""
 
     cause: str
     detail: str
     elapsed_s: float
+    #: The data leg, when one was asked for and the answer checked out.
+    transfer: datapath.Transfer | None = None
 
     @property
     def ok(self) -> bool:
@@ -76,8 +80,10 @@ async def probe(
     rank: int,
     host: str,
     timeout_s: float,
+    data: datapath.DataRequest | None = None,
 ) -> Outcome:
-    """Connect to address:port within ``timeout_s`` and check the answer is rank ``rank``'s."""
+    """Connect to address:port within ``timeout_s`` and check the answer is rank ``rank``'s;
+    then, with ``data``, move data both ways (datapath.exchange)."""
     # Raw non-blocking socket calls, not streams: a cluster makes N x (N-1) probes at once
     # and every node's CPU time per probe adds up on the critical path to ready.
     loop = asyncio.get_running_loop()
@@ -96,6 +102,8 @@ async def probe(
         return done("error", f"{address} is not a usable address: {exc}")
     try:
         sock.setblocking(False)
+        if data is not None and data.mss is not None:
+            datapath.clamp_mss(sock, data.mss)
         try:
             async with asyncio.timeout(timeout_s):
                 await loop.sock_connect(sock, sockaddr)
@@ -118,9 +126,18 @@ async def probe(
             return done("foreign_answer", f"connected, but no probe answer within {timeout_s:g} s")
         except OSError as exc:
             return done("foreign_answer", f"connected, then {_describe(exc)} before any answer")
+        judged = _judge(line, nonce, session=session, auth=auth, rank=rank, host=host, done=done)
+        if not judged.ok or data is None:
+            return judged
+        transfer = await datapath.exchange(
+            sock, data, auth.data_mac(session, nonce, data.up, data.down)
+        )
     finally:
         sock.close()
-    return _judge(line, nonce, session=session, auth=auth, rank=rank, host=host, done=done)
+    # A window that answers and then breaks the data protocol is not a sidecar we trust.
+    cause = transfer.cause if transfer.cause in ("ok", "stalled") else "foreign_answer"
+    detail = "answered" if transfer.ok else f"answered, then {transfer.detail}"
+    return Outcome(cause, detail, time.monotonic() - started, transfer)
 
 
 def _judge(
@@ -212,6 +229,9 @@ class ProbeListener:
     def count(self, result: str) -> None:
         self.metrics.probes_answered.labels(result).inc()
 
+    def count_bytes(self, direction: str, count: int) -> None:
+        self.metrics.probe_bytes.labels(direction).inc(count)
+
 
 class _Answer(asyncio.Protocol):
     """One connection to a window: read the challenge line, answer it, let the prober close."""
@@ -224,6 +244,8 @@ class _Answer(asyncio.Protocol):
         self.counted = False
         self.slot = False
         self.timer: asyncio.TimerHandle | None = None
+        self.nonce = ""
+        self.data: datapath.WindowData | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -240,8 +262,11 @@ class _Answer(asyncio.Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
-        if self.answered or self.transport is None:
-            return  # anything after the challenge is ignored until the prober closes
+        if self.transport is None:
+            return
+        if self.answered:
+            self._data(data)
+            return
         self.buffer += data
         if b"\n" not in self.buffer:
             if len(self.buffer) > MAX_LINE:
@@ -253,12 +278,54 @@ class _Answer(asyncio.Protocol):
             self._give_up("garbage")
             return
         self.answered = True
-        self.transport.write(self.listener.answer(match.group(1).decode()))
+        self.nonce = match.group(1).decode()
+        self.transport.write(self.listener.answer(self.nonce))
         self._count("answered")
-        # Let the prober close first: TIME_WAIT then stays on its side, off the held port.
+        self._linger()
+        rest = self.buffer.partition(b"\n")[2]
+        self.buffer = b""
+        if rest:
+            self._data(rest)
+
+    def _linger(self) -> None:
+        """Let the prober close first: TIME_WAIT then stays on its side, off the held port."""
         if self.timer is not None:
             self.timer.cancel()
-        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+        if self.transport is not None:
+            self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+
+    def _data(self, data: bytes) -> None:
+        """Bytes after the answer: the data leg (datapath.WindowData), or garbage."""
+        assert self.transport is not None
+        if self.data is None:
+            listener = self.listener
+            self.data = datapath.WindowData(
+                self.transport,
+                lambda up, down, mac: hmac.compare_digest(
+                    listener.auth.data_mac(listener.session, self.nonce, up, down), mac
+                ),
+                listener.count_bytes,
+            )
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = asyncio.get_running_loop().call_later(
+                datapath.SERVE_MAX_S, self._give_up, "timeout"
+            )
+        if self.data.state == "done":
+            return  # the prober closes next
+        problem = self.data.feed(data)
+        if problem is not None:
+            self._give_up(problem)
+        elif self.data.state == "done":
+            self._linger()
+
+    def pause_writing(self) -> None:
+        if self.data is not None:
+            self.data.pause()
+
+    def resume_writing(self) -> None:
+        if self.data is not None:
+            self.data.resume()
 
     def eof_received(self) -> bool:
         self._count("broken" if self.buffer else "silent")

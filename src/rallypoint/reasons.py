@@ -71,6 +71,62 @@ _CAUSE_REMEDIES = {
 }
 
 
+def path_mtu_reason(
+    source: tuple[int, str], target: tuple[int, str, str], size: int, mtu: int | None
+) -> Reason:
+    """Not ready because full-size packets do not cross a pair's path: names the size that does.
+
+    ``detail`` is the largest packet size (bytes, IP header included) that passed.
+    """
+    own_rank, own_host = source
+    rank, host, address = target
+    says = f"this node's interface says {mtu}" if mtu else "the interfaces say more"
+    return Reason(
+        "path_mtu",
+        f"path MTU between {own_host} and {host} ({address}) is about {size} bytes, {says}: "
+        "larger packets are dropped without a word (a path-MTU black hole), so the first "
+        f"large all-reduce would hang; set the interface MTU to {size} on every node, or fix "
+        "the network's MTU",
+        host=host,
+        detail=str(size),
+        ranks=(own_rank, rank),
+    )
+
+
+def stalled_reason(
+    source: tuple[int, str], target: tuple[int, str, str], port: int, detail: str
+) -> Reason:
+    """Not ready because data stopped on a pair whose handshake and answer passed, at any size."""
+    own_rank, own_host = source
+    rank, host, address = target
+    return Reason(
+        "data_stalled",
+        f"{own_host} reached {host} ({address}) on tcp/{port} and its sidecar answered, but "
+        f"{detail}, even in small packets: something between the nodes lets connections "
+        "open and then stops their data; check firewalls, proxies and traffic policers",
+        host=host,
+        detail="stalled",
+        ranks=(own_rank, rank),
+    )
+
+
+def slow_link_failure(
+    source: tuple[int, str], target: tuple[int, str], mbps: float, floor: float
+) -> Reason:
+    """Not ready because a measured link is below --min-link-mbps."""
+    own_rank, own_host = source
+    rank, host = target
+    return Reason(
+        "slow_link",
+        f"the link between {own_host} and {host} carries {mbps:,.1f} Mbit/s, below "
+        f"--min-link-mbps {floor:g}: check the NICs, cables, switch ports and routes between "
+        "them, or lower the floor",
+        host=host,
+        detail="floor",
+        ranks=(own_rank, rank),
+    )
+
+
 def unreachable_reason(
     source: tuple[int, str],
     target: tuple[int, str, str],

@@ -24,6 +24,7 @@ from typing import overload
 
 from rallypoint import connectivity, fanout, probe, status, wire, wirebatch, wirefields
 from rallypoint.auth import Authenticator
+from rallypoint.clock import ClockEstimate, sender_host, with_facts
 from rallypoint.clustercheck import Transport, http_transport, local_transport
 from rallypoint.context import NodeContext
 from rallypoint.errors import JoinRejected
@@ -64,6 +65,7 @@ class Rendezvous(AsyncResource):
         route: probe.ProbeRoute | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        offsets: ClockEstimate | None = None,
     ) -> None:
         self.spec = spec
         self.settings = settings
@@ -106,7 +108,10 @@ class Rendezvous(AsyncResource):
             "mdns": lambda: {"enabled": False, "error": None}
         }
         self._poked = asyncio.Event()
-        self._peer_client = PeerClient(settings, auth)
+        #: This node's clock offset to the master (clock.py); the Authenticator's clock.
+        self.offsets = offsets or ClockEstimate(time.time, on_change=metrics.clock_offset.set)
+        self.status_sections["clock"] = self.offsets.status
+        self._peer_client = PeerClient(settings, auth, self.offsets)
         # Set once the spec names every host (at once, or after mDNS discovery: adopt()).
         self._spec_known = asyncio.Event()
         if spec.hosts:
@@ -164,6 +169,7 @@ class Rendezvous(AsyncResource):
         self.spec = spec
         self.accept_loopback = spec.loopback_ok or self.settings.allow_loopback
         self.peers = PeerTable(spec)
+        self.offsets.reference = spec.is_master  # the master's clock is the one measured against
         prober: connectivity.Prober | None = None
         if self.settings.probe:
             listener = probe.ProbeListener(
@@ -188,6 +194,7 @@ class Rendezvous(AsyncResource):
             transport = local_transport(self.book, self.settings.long_poll_s)
         else:
             transport = http_transport(self._peer_client, lambda: self.master_target)
+            transport = with_facts(transport, self.offsets.facts)
         self.ctx = NodeContext(
             spec=spec,
             settings=self.settings,
@@ -383,6 +390,17 @@ class Rendezvous(AsyncResource):
         self._poked.set()
         if self.verification is not None:
             self.verification.retry()
+
+    def clock_refused(self, body: bytes, remote: str | None, skew_s: float) -> None:
+        """A peer message was refused as ``skew_s`` ahead of this node's clock: remember whose
+        (the host in its authentic body, else the peer joined from ``remote``)."""
+        host = sender_host(body, self.spec)
+        if host is None and remote is not None:
+            known = [p.host for p in self.peers.values() if p.remote == remote]
+            host = known[0] if len(known) == 1 else None
+        self.offsets.refused(host or remote or "unknown", skew_s)
+        if self.master is not None and host is not None:
+            self.master.clock_refused(host, skew_s, self.auth.max_skew_s)
 
     @overload
     def _require_master(self) -> Master: ...

@@ -70,6 +70,14 @@ class Settings(msgspec.Struct, frozen=True):
     probe: bool = True
     probe_timeout_s: float = 2.0
     probe_workers: int = 64
+    #: Measure throughput, retransmits and RTT on a ring of links (links.py); the path
+    #: check (full-size segments on every probed pair) runs whenever probe is on.
+    throughput: bool = True
+    #: Bytes each way on a measured link, and the most one transfer may take.
+    throughput_bytes: int = 1024 * 1024
+    throughput_budget_s: float = 5.0
+    #: A measured link slower than this (Mbit/s, either way) fails the check; None: off.
+    min_link_mbps: float | None = None
 
     # What is served.
     frameworks: frozenset[str] = DEFAULT_FRAMEWORKS

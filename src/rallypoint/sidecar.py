@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 from rallypoint import derive, netinfo, overrides, ports, providers, resolve, server, tfconfig
 from rallypoint.auth import Authenticator
+from rallypoint.clock import ClockEstimate
 from rallypoint.errors import ClusterSpecError, PortError, TFConfigError
 from rallypoint.lifecycle import AsyncResource
 from rallypoint.metrics import Metrics
@@ -48,8 +50,11 @@ class Sidecar(AsyncResource):
         endpoint: PeerEndpoint | None = None,
         route: ProbeRoute | None = None,
         avoid_ports: Collection[int] = (),
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        #: The wall clock (Unix seconds) peer messages are timed by, before correction.
+        self._wall_clock = wall_clock
         self.environ = dict(environ)
         self._resolver = resolver
         self._spec = spec
@@ -99,7 +104,10 @@ class Sidecar(AsyncResource):
             )
         user = derive.user_values(self.environ, settings.sets)
         derive.check_values(user)  # a malformed value could never be served: exit 2 now
-        auth = Authenticator(settings.token)
+        # Signed and checked on the master's clock as measured (clock.py): a worker whose
+        # clock is off still joins, and is named for it (docs/readiness.md#clocks).
+        offsets = ClockEstimate(self._wall_clock, on_change=self.metrics.clock_offset.set)
+        auth = Authenticator(settings.token, clock=offsets.now)
         if not auth.enabled:
             log.warning(
                 "auth_disabled",
@@ -134,6 +142,7 @@ class Sidecar(AsyncResource):
             user=user,
             endpoint=self._endpoint,
             route=self._route,
+            offsets=offsets,
         )
         if not auth.enabled:
             node.static_warnings.append(

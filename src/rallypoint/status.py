@@ -87,6 +87,8 @@ def document(
     }
     if book is not None:
         out["cluster"] = _cluster(book)
+        out["links"] = book.link_view()
+        out["link_warnings"] = [r.as_json() for r in book.link_warnings]
     for name, section in sections.items():
         try:
             out[name] = section()
@@ -148,6 +150,17 @@ def _cluster(book: MasterBook) -> list[dict[str, object]]:
                 "route_ifname": report.net.ifname,
                 "mtu": report.net.mtu,
                 "rdma_devices": report.net.rdma,
+                **_clock(report),
             }
         )
     return nodes
+
+
+def _clock(report: wire.Report) -> dict[str, object]:
+    """A node's clock against the master's, as its report gave it (clock.py)."""
+    facts = report.clock
+    return {
+        "clock_offset_s": None if facts is None else round(facts.offset_s, 6),
+        "clock_rtt_s": None if facts is None else round(facts.rtt_s, 6),
+        "clock_source": None if facts is None else facts.source,
+    }

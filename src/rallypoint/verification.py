@@ -173,6 +173,7 @@ class Verification:
                     [Reason("verifying", f"trying {len(targets)} connections the job will make")]
                 )
                 prober = self._prober
+                prober.mtu = check.net.mtu
                 probes = asyncio.create_task(
                     prober.run(targets, lambda failed: self._probed(check, failed), started=early)
                 )
@@ -195,7 +196,8 @@ class Verification:
     def _probed(self, check: GenerationCheck, failed: list[Reason]) -> None:
         """A round of probes ended: show and report what failed, or that this node passed."""
         log.debug("probes_done", extra={"failed": len(failed)})
-        check.update(failed, passed=not failed)
+        links = None if self._prober is None else list(self._prober.links.values())
+        check.update(failed, passed=not failed, links=links)
         if self.book is not None or failed:
             self._announce(check.doc)  # see _announce: when a node announces a generation
 

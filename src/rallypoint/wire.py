@@ -13,8 +13,17 @@ from collections.abc import Mapping
 import msgspec
 
 from rallypoint.errors import PeerMessageError
+from rallypoint.links import LinkStat, links_from
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
+from rallypoint.wireclock import (
+    ClockFacts,
+    ClockStamp,
+    facts_from,
+    facts_json,
+    stamp_from,
+    stamp_json,
+)
 
 # Part of this module's contract: the APIs apply the same rules to query strings and addresses.
 from rallypoint.wirefields import (
@@ -56,6 +65,8 @@ class JoinAnswer(msgspec.Struct, frozen=True):
     generation: str | None
     joined: int
     nnodes: int
+    #: The answering node's clock (wireclock.py); absent from older masters.
+    clock: ClockStamp | None = None
 
 
 class Poke(msgspec.Struct, frozen=True):
@@ -89,15 +100,16 @@ def parse_join(body: bytes) -> JoinRequest:
 
 def encode_join_answer(answer: JoinAnswer) -> bytes:
     """The JSON body of the master's join answer."""
-    return dump(
-        {
-            "session": answer.session,
-            "epoch": answer.epoch,
-            "generation": answer.generation,
-            "joined": answer.joined,
-            "nnodes": answer.nnodes,
-        }
-    )
+    out: dict[str, object] = {
+        "session": answer.session,
+        "epoch": answer.epoch,
+        "generation": answer.generation,
+        "joined": answer.joined,
+        "nnodes": answer.nnodes,
+    }
+    if answer.clock is not None:
+        out["clock"] = stamp_json(answer.clock)
+    return dump(out)
 
 
 def parse_join_answer(body: bytes) -> JoinAnswer:
@@ -111,6 +123,7 @@ def parse_join_answer(body: bytes) -> JoinAnswer:
         generation=None if gen is None else generation(gen, "generation"),
         joined=integer(data.get("joined"), "joined", 0, nnodes),
         nnodes=nnodes,
+        clock=stamp_from(data.get("clock"), "join answer"),
     )
 
 
@@ -208,6 +221,10 @@ class Report(msgspec.Struct, frozen=True):
     net: NetFacts = NetFacts()
     #: The verdict version the node holds; the master answers when it differs (long-poll).
     seen: int = -1
+    #: The links this node measured (links.measured_peers), once its probes ran.
+    links: tuple[LinkStat, ...] = ()
+    #: The node's measured clock offset to the master (wireclock.py), if any.
+    clock: ClockFacts | None = None
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -222,6 +239,8 @@ class Verdict(msgspec.Struct, frozen=True):
     failures: tuple[Reason, ...] = ()
     failure_count: int = 0
     warnings: tuple[str, ...] = ()
+    #: The answering node's clock, stamped per answer (wireclock.py).
+    clock: ClockStamp | None = None
 
 
 def encode_report(report: Report) -> bytes:
@@ -231,7 +250,7 @@ def encode_report(report: Report) -> bytes:
 
 def report_json(report: Report) -> dict[str, object]:
     """A report as the JSON object POST /v1/report and a relay's batch carry."""
-    return {
+    out: dict[str, object] = {
         "session": report.session,
         "generation": report.generation,
         "rank": report.rank,
@@ -241,7 +260,11 @@ def report_json(report: Report) -> dict[str, object]:
         "busy": sorted(report.busy),
         "net": {"ifname": report.net.ifname, "mtu": report.net.mtu, "rdma": report.net.rdma},
         "seen": report.seen,
+        "links": [link.as_json() for link in report.links],
     }
+    if report.clock is not None:
+        out["clock"] = facts_json(report.clock)
+    return out
 
 
 def parse_report(body: bytes) -> Report:
@@ -278,24 +301,27 @@ def report_from(data: Mapping[str, object]) -> Report:
             rdma=rdma,
         ),
         seen=integer(data.get("seen", -1), "seen", -1, 1 << 62),
+        links=links_from(data.get("links", []), "report"),
+        clock=facts_from(data.get("clock"), "report"),
     )
 
 
 def encode_verdict(verdict: Verdict) -> bytes:
     """The JSON body of the master's answer to a report."""
-    return dump(
-        {
-            "session": verdict.session,
-            "generation": verdict.generation,
-            "version": verdict.version,
-            "verified": verdict.verified,
-            "pending": list(verdict.pending[:MAX_PENDING]),
-            "pending_count": verdict.pending_count,
-            "failures": [f.as_json() for f in verdict.failures[:MAX_FAILURES]],
-            "failure_count": verdict.failure_count,
-            "warnings": list(verdict.warnings[:MAX_FAILURES]),
-        }
-    )
+    out: dict[str, object] = {
+        "session": verdict.session,
+        "generation": verdict.generation,
+        "version": verdict.version,
+        "verified": verdict.verified,
+        "pending": list(verdict.pending[:MAX_PENDING]),
+        "pending_count": verdict.pending_count,
+        "failures": [f.as_json() for f in verdict.failures[:MAX_FAILURES]],
+        "failure_count": verdict.failure_count,
+        "warnings": list(verdict.warnings[:MAX_FAILURES]),
+    }
+    if verdict.clock is not None:
+        out["clock"] = stamp_json(verdict.clock)
+    return dump(out)
 
 
 def parse_verdict(body: bytes) -> Verdict:
@@ -321,6 +347,7 @@ def parse_verdict(body: bytes) -> Verdict:
         failures=reasons(data.get("failures", []), "verdict", MAX_FAILURES),
         failure_count=integer(data.get("failure_count", 0), "failure_count", 0, 1 << 62),
         warnings=tuple(warnings),
+        clock=stamp_from(data.get("clock"), "verdict"),
     )
 
 

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from rallypoint import fanout, names, resolve, wire
 from rallypoint.backoff import Backoff
+from rallypoint.clock import skew_reason
 from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc, Member
@@ -185,7 +186,7 @@ class Worker:
                         break
                     except AuthError as exc:
                         self.ctx.metrics.auth_failures.labels(auth_reason(exc)).inc()
-                        problem = Reason("auth_failed", str(exc), host=master)
+                        problem = self._auth_reason(exc)
                         break
                     except PeerMessageError as exc:
                         problem = Reason(
@@ -248,7 +249,7 @@ class Worker:
             raise _Rejoin(str(exc)) from exc
         except AuthError as exc:
             self.ctx.metrics.auth_failures.labels(auth_reason(exc)).inc()
-            self._refused = Reason("auth_failed", str(exc), host=self.ctx.spec.master)
+            self._refused = self._auth_reason(exc)
             self.node.not_ready(self._refused)
             raise _Rejoin(str(exc)) from exc
         except PeerMessageError as exc:
@@ -257,6 +258,21 @@ class Worker:
             )
             self.node.not_ready(self._refused)
             raise _Rejoin(str(exc)) from exc
+
+    def _auth_reason(self, exc: AuthError) -> Reason:
+        """auth_failed, or clock_skew when the master's message or ours was refused for its
+        timestamp alone (the client already corrected and retried once, clock.py)."""
+        master = self.ctx.spec.master
+        if exc.skew_s is None:
+            return Reason("auth_failed", str(exc), host=master)
+        client = self.ctx.client
+        return skew_reason(
+            master,
+            exc.skew_s,
+            client.auth.max_skew_s,
+            client.offsets.facts(),
+            by_peer=exc.reason == "refused",
+        )
 
     def _foreign(self, doc: ClusterDoc) -> Reason | None:
         """Why a document does not describe our session's spec, or None."""

@@ -8,6 +8,7 @@ host's own peer port, so resolution verdicts stay realistic while traffic stays 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ class Cluster:
     nodes: dict[int, Sidecar] = field(default_factory=dict)
     #: The addresses a node reports for itself, where not just address(rank).
     addresses: dict[int, list[str]] = field(default_factory=dict)
+    #: A node's wall clock, where not time.time (a skewed clock: lambda: time.time() + 600).
+    clocks: dict[int, Callable[[], float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.hosts = tuple(f"node{r}" for r in range(self.n))
@@ -70,6 +73,7 @@ class Cluster:
             addresses=self.addresses.get(rank, [address(rank)]),
             endpoint=self.endpoint,
             route=self.route,
+            wall_clock=self.clocks.get(rank, time.time),
         )
         await sidecar.start()
         self.nodes[rank] = sidecar

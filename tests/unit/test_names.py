@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint import names
+from rallypoint import links, names
 from rallypoint.names import AUTO_ALL_MAX_NODES, HostProblem, Resolution, Verdict
 from rallypoint.settings import Settings
 
@@ -317,8 +317,9 @@ def test_scope_ranks_always_hold_the_master_and_this_node(
     elif scope == "master":
         assert set(ranks) == {0, rank}
     else:
-        assert len(ranks) <= 4 + 8
+        assert len(ranks) <= 5 + 8  # master, self, two neighbours, the stride peer, sample
         assert {(rank - 1) % nnodes, (rank + 1) % nnodes} <= set(ranks)
+        assert set(links.measured_peers(nnodes, rank)) <= set(ranks)
 
 
 def test_scope_all_and_small_auto_cover_every_rank_including_self() -> None:
@@ -335,7 +336,8 @@ def test_scope_master(rank: int, expected: list[int]) -> None:
 def test_scope_auto_large_session(rank: int) -> None:
     nnodes = 4096
     ranks = names.scope_ranks(nnodes, rank, "auto", sample=8, seed="job-17")
-    fixed = {0, rank, (rank - 1) % nnodes, (rank + 1) % nnodes}
+    stride = links.stride(nnodes)  # the second ring of measured links
+    fixed = {0, rank, (rank - 1) % nnodes, (rank + 1) % nnodes, (rank + stride) % nnodes}
     assert fixed <= set(ranks)
     assert len(ranks) == len(fixed) + 8
     assert ranks == sorted(set(ranks))

@@ -30,6 +30,8 @@ PURE = [
     "rallypoint.names",
     "rallypoint.hostfile",
     "rallypoint.backoff",
+    "rallypoint.clock",
+    "rallypoint.wireclock",
 ]
 FORBIDDEN = ["asyncio", "socket", "aiohttp", "zeroconf"]
 

@@ -65,6 +65,21 @@ class Seconds(Rule):
         return seconds
 
 
+class Rate(Rule):
+    """A finite rate in Mbit/s, > 0."""
+
+    name = "mbit/s"
+
+    def __call__(self, value: Any) -> float:
+        try:
+            rate = float(value)
+        except (TypeError, ValueError):
+            rate = math.nan
+        if not math.isfinite(rate) or rate <= 0:
+            raise Invalid(f"{value!r} is not a rate in Mbit/s: use a number above 0, e.g. 1000")
+        return rate
+
+
 class PortRange(Rule):
     """LO-HI, two ports with LO <= HI."""
 

@@ -9,9 +9,12 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from rallypoint.auth import NONCE_HEADER
 from rallypoint.errors import AuthError, JoinRejected, PeerMessageError
 from rallypoint.reasons import auth_reason
 from rallypoint.rendezvous import Rendezvous
+from rallypoint.wireclock import stamp_json
+from rallypoint.wirefields import dump
 
 # The server logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.server")
@@ -48,6 +51,7 @@ def observe(api: str) -> Middleware:
         node = request.app[NODE]
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
+        received = node.offsets.now()  # t2 of a refusal's clock stamp (clock_refusal)
         try:
             response = await handler(request)
         except web.HTTPRequestEntityTooLarge as exc:
@@ -61,6 +65,8 @@ def observe(api: str) -> Middleware:
                 "auth_rejected", extra={"route": route, "remote": request.remote, "error": str(exc)}
             )
             response = error_response(401, str(exc), "auth_failed")
+            if exc.skew_s is not None:
+                response = await clock_refusal(node, request, exc.skew_s, received, str(exc))
         except JoinRejected as exc:
             response = error_response(exc.status, str(exc), exc.code)
         except PeerMessageError as exc:
@@ -69,6 +75,31 @@ def observe(api: str) -> Middleware:
         return response
 
     return middleware
+
+
+async def clock_refusal(
+    node: Rendezvous, request: web.Request, skew_s: float, received: float, message: str
+) -> web.Response:
+    """The 401 for a message refused for its timestamp alone: it carries this node's clock and
+    echoes the request's nonce, signed, so the sender can correct its clock and retry
+    (docs/readiness.md#clocks); the sender's skew is recorded (its host comes from the body,
+    which proved authentic before its timestamp was judged)."""
+    # The handler read the body already (read() returns it again); a GET has none.
+    body = await request.read() if request.body_exists else b""
+    node.clock_refused(body, request.remote, skew_s)
+    out: dict[str, object] = {
+        "error": message,
+        "code": "auth_failed",
+        "reason": "stale",
+        "skew_s": round(skew_s, 3),
+    }
+    stamp = node.offsets.stamp(received, request.headers.get(NONCE_HEADER))
+    if stamp is not None:
+        out["clock"] = stamp_json(stamp)
+    payload = dump(out)
+    headers = dict(NO_STORE)
+    headers.update(node.auth.sign(f"401 {request.path}", payload))
+    return web.Response(status=401, body=payload, content_type="application/json", headers=headers)
 
 
 def single_query(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:

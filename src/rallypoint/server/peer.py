@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
+import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from rallypoint import wire, wirebatch, wirefields
+from rallypoint.auth import NONCE_HEADER
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.server.common import (
@@ -20,6 +22,7 @@ from rallypoint.server.common import (
     log,
     single_query,
 )
+from rallypoint.wireclock import ClockStamp
 
 TASK = web.AppKey("rendezvous_task", asyncio.Task[None])
 
@@ -105,17 +108,21 @@ async def _read_body(request: web.Request) -> bytes:
 
 async def _join(request: web.Request) -> web.Response:
     node = request.app[NODE]
+    received = node.offsets.now()
     body = await _read_body(request)
     node.auth.verify("POST /v1/join", body, request.headers)
     answer = await node.handle_join(wire.parse_join(body), request.remote)
+    answer = msgspec.structs.replace(answer, clock=_stamp(request, received))
     return _signed(node, "200 /v1/join", wire.encode_join_answer(answer))
 
 
 async def _joins(request: web.Request) -> web.Response:
     node = request.app[NODE]
+    received = node.offsets.now()
     body = await _read_body(request)
     node.auth.verify("POST /v1/joins", body, request.headers)
     answer = node.handle_joins(wirebatch.parse_join_batch(body), request.remote)
+    answer = msgspec.structs.replace(answer, clock=_stamp(request, received))
     return _signed(node, "200 /v1/joins", wire.encode_join_answer(answer))
 
 
@@ -160,18 +167,30 @@ async def _poke(request: web.Request) -> web.Response:
 
 async def _report(request: web.Request) -> web.Response:
     node = request.app[NODE]
+    received = node.offsets.now()
     body = await _read_body(request)
     node.auth.verify("POST /v1/report", body, request.headers)
     verdict = await node.handle_report(wire.parse_report(body))
+    verdict = msgspec.structs.replace(verdict, clock=_stamp(request, received))
     return _signed(node, "200 /v1/report", wire.encode_verdict(verdict))
 
 
 async def _reports(request: web.Request) -> web.Response:
     node = request.app[NODE]
+    received = node.offsets.now()
     body = await _read_body(request)
     node.auth.verify("POST /v1/reports", body, request.headers)
     verdict = await node.handle_reports(wirebatch.parse_report_batch(body))
+    verdict = msgspec.structs.replace(verdict, clock=_stamp(request, received))
     return _signed(node, "200 /v1/reports", wire.encode_verdict(verdict))
+
+
+def _stamp(request: web.Request, received: float) -> ClockStamp | None:
+    """This node's clock for the answer (always replaced: a relay passes on the master's
+    answer to its own batch, whose stamp belongs to that exchange, not to this one)."""
+    node = request.app[NODE]
+    nonce = request.headers.get(NONCE_HEADER) if node.auth.enabled else None  # checked then
+    return node.offsets.stamp(received, nonce)
 
 
 def _signed(node: Rendezvous, context: str, payload: bytes) -> web.Response:

@@ -1,0 +1,247 @@
+"""Pure: which links each node measures, and what the cluster's measurements say.
+
+Every probed pair moves full-size segments both ways (the path check, probe.py); a few
+links per node also move enough data to measure throughput. The measured links are a ring
+over rank order plus a second ring with a stride of about sqrt(N) (all pairs up to
+ALL_PAIRS_MAX nodes): 2N links at most, so the cost grows linearly with N, and every node
+is an end of at least four links (two up to ALL_PAIRS_MAX), so a bad node shows as a node
+whose every link is bad while a bad link shows alone (docs/readiness.md, "Data path").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from rallypoint.errors import PeerMessageError
+from rallypoint.reasons import Reason
+
+#: Up to this many nodes every pair's throughput is measured (N(N-1)/2 links).
+ALL_PAIRS_MAX = 8
+#: A direction of a link below this share of the cluster's best is slow (docs/readiness.md).
+SLOW_SHARE = 0.2
+#: A direction of a link that retransmits more than this share of its bytes is lossy.
+LOSSY_SHARE = 0.02
+
+
+class LinkStat(msgspec.Struct, frozen=True):
+    """One link as the node at its first end measured it: up is towards ``peer``."""
+
+    peer: int
+    up_mbps: float
+    down_mbps: float
+    #: Shares of the bytes sent that were retransmitted, each way (None: not known).
+    up_retrans: float | None = None
+    down_retrans: float | None = None
+    rtt_ms: float | None = None
+    #: Bytes moved each way; less than asked when the transfer ran out of time.
+    bytes: int = 0
+    complete: bool = True
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "peer": self.peer,
+            "up_mbps": round(self.up_mbps, 3),
+            "down_mbps": round(self.down_mbps, 3),
+            "up_retrans": None if self.up_retrans is None else round(self.up_retrans, 5),
+            "down_retrans": None if self.down_retrans is None else round(self.down_retrans, 5),
+            "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
+            "bytes": self.bytes,
+            "complete": self.complete,
+        }
+
+
+#: Links one report may carry (a node measures at most ALL_PAIRS_MAX - 1, or 2).
+MAX_LINKS = 64
+#: Largest rate accepted from a peer, Mbit/s (10 Tbit/s).
+MAX_MBPS = 1e7
+_MAX_RANK = 1 << 20
+
+
+def links_from(data: object, where: str) -> tuple[LinkStat, ...]:
+    """Measured links from a peer's JSON list; PeerMessageError names the field at fault."""
+    if not isinstance(data, list) or len(data) > MAX_LINKS:
+        raise PeerMessageError(f"{where}: links must be a list of at most {MAX_LINKS}")
+    out = []
+    for index, item in enumerate(data):
+        at = f"{where}: links[{index}]"
+        if not isinstance(item, dict):
+            raise PeerMessageError(f"{at} is not an object")
+        peer = item.get("peer")
+        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < _MAX_RANK:
+            raise PeerMessageError(f"{at}.peer must be a rank")
+        size = item.get("bytes", 0)
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 1 << 40:
+            raise PeerMessageError(f"{at}.bytes must be a byte count")
+        complete = item.get("complete", True)
+        if not isinstance(complete, bool):
+            raise PeerMessageError(f"{at}.complete must be true or false")
+        out.append(
+            LinkStat(
+                peer=peer,
+                up_mbps=_number(item.get("up_mbps"), f"{at}.up_mbps", MAX_MBPS),
+                down_mbps=_number(item.get("down_mbps"), f"{at}.down_mbps", MAX_MBPS),
+                up_retrans=_optional(item.get("up_retrans"), f"{at}.up_retrans", 1.0),
+                down_retrans=_optional(item.get("down_retrans"), f"{at}.down_retrans", 1.0),
+                rtt_ms=_optional(item.get("rtt_ms"), f"{at}.rtt_ms", 3.6e6),
+                bytes=size,
+                complete=complete,
+            )
+        )
+    return tuple(out)
+
+
+def _number(value: object, where: str, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PeerMessageError(f"{where} must be a number")
+    number = float(value)
+    if not math.isfinite(number) or not 0 <= number <= high:
+        raise PeerMessageError(f"{where} must be between 0 and {high:g}")
+    return number
+
+
+def _optional(value: object, where: str, high: float) -> float | None:
+    return None if value is None else _number(value, where, high)
+
+
+def stride(nnodes: int) -> int:
+    """The second ring's stride: about sqrt(N), at least 2 and below N/2."""
+    return max(2, math.isqrt(nnodes))
+
+
+def measured_peers(nnodes: int, rank: int) -> list[int]:
+    """The ranks whose link with ``rank`` this node measures (it is the link's first end)."""
+    if nnodes <= ALL_PAIRS_MAX:
+        return list(range(rank + 1, nnodes))
+    peers = [(rank + 1) % nnodes]
+    second = (rank + stride(nnodes)) % nnodes
+    if second not in peers:
+        peers.append(second)
+    return peers
+
+
+def judge(
+    measured: Mapping[int, Sequence[LinkStat]],
+    hosts: Sequence[str],
+    *,
+    slow_share: float = SLOW_SHARE,
+    lossy_share: float = LOSSY_SHARE,
+) -> list[Reason]:
+    """Warnings (codes slow_link and lossy_link) about the links ``measured`` by each rank.
+
+    A direction is slow below ``slow_share`` of the best measured anywhere in the cluster
+    the same way (up legs against up legs, down legs against down legs: the two legs are
+    received by different code, and the comparison should see only the network), lossy
+    above ``lossy_share`` retransmitted. Where every link of one node (two
+    at least) is slow, or lossy, the warning names the node instead of each of its links.
+    """
+    links = [
+        (rank, link)
+        for rank, stats in sorted(measured.items())
+        for link in stats
+        if 0 <= rank < len(hosts) and 0 <= link.peer < len(hosts) and link.peer != rank
+    ]
+    best_up = max((link.up_mbps for _, link in links), default=0.0)
+    best_down = max((link.down_mbps for _, link in links), default=0.0)
+    best = max(best_up, best_down)
+    slow: list[tuple[int, int, float, LinkStat]] = []  # (from, to, mbps, link)
+    lossy: list[tuple[int, int, float, LinkStat]] = []
+    for rank, link in links:
+        for src, dst, mbps, top, retrans in (
+            (rank, link.peer, link.up_mbps, best_up, link.up_retrans),
+            (link.peer, rank, link.down_mbps, best_down, link.down_retrans),
+        ):
+            if top > 0 and mbps < top * slow_share:
+                slow.append((src, dst, mbps, link))
+            if retrans is not None and retrans > lossy_share:
+                lossy.append((src, dst, retrans, link))
+    degree: dict[int, int] = {}  # rank -> how many distinct measured links it is an end of
+    for a, b in {(min(rank, link.peer), max(rank, link.peer)) for rank, link in links}:
+        degree[a] = degree.get(a, 0) + 1
+        degree[b] = degree.get(b, 0) + 1
+    out: list[Reason] = []
+    out += _warn(slow, degree, hosts, "slow_link", best)
+    out += _warn(lossy, degree, hosts, "lossy_link", best)
+    return out
+
+
+def _warn(
+    bad: list[tuple[int, int, float, LinkStat]],
+    degree: Mapping[int, int],
+    hosts: Sequence[str],
+    code: str,
+    best: float,
+) -> list[Reason]:
+    """One warning per bad node (every link of it bad), then one per remaining bad link."""
+    links_of: dict[int, set[tuple[int, int]]] = {}
+    for src, dst, _, _ in bad:
+        pair = (min(src, dst), max(src, dst))
+        for end in pair:
+            links_of.setdefault(end, set()).add(pair)
+    nodes = sorted(n for n, pairs in links_of.items() if len(pairs) >= degree.get(n, 0) >= 2)
+    out: list[Reason] = []
+    covered: set[tuple[int, int]] = set()
+    for node in nodes:
+        figures = [f for src, dst, f, _ in bad if node in (src, dst)]
+        covered |= links_of[node]
+        out.append(_node_reason(code, node, hosts, figures, best))
+    seen: set[tuple[int, int]] = set()
+    for src, dst, figure, link in bad:
+        pair = (min(src, dst), max(src, dst))
+        if pair in covered or (src, dst) in seen:
+            continue
+        seen.add((src, dst))
+        out.append(_link_reason(code, src, dst, hosts, figure, link, best))
+    return out
+
+
+def _node_reason(
+    code: str, node: int, hosts: Sequence[str], figures: list[float], best: float
+) -> Reason:
+    host = hosts[node]
+    if code == "slow_link":
+        span = _span([f"{f:,.1f}" for f in (min(figures), max(figures))], " Mbit/s")
+        message = (
+            f"every measured link of {host} is slow ({span} against the cluster's best "
+            f"{best:,.0f} Mbit/s): the job will run at {host}'s speed; check its NIC, cable, "
+            "switch port and any shaping or policing on its link"
+        )
+    else:
+        span = _span([f"{f:.1%}" for f in (min(figures), max(figures))], "")
+        message = (
+            f"every measured link of {host} retransmits ({span} of the data): packets to or "
+            f"from {host} are lost; check its NIC, cable, switch port and drop counters"
+        )
+    return Reason(code, message, host=host, detail="node", ranks=(node,))
+
+
+def _link_reason(
+    code: str,
+    src: int,
+    dst: int,
+    hosts: Sequence[str],
+    figure: float,
+    link: LinkStat,
+    best: float,
+) -> Reason:
+    rtt = "" if link.rtt_ms is None else f", RTT {link.rtt_ms:.2f} ms"
+    a, b = hosts[src], hosts[dst]
+    if code == "slow_link":
+        message = (
+            f"the link {a} -> {b} carries {figure:,.1f} Mbit/s, the cluster's best links "
+            f"{best:,.0f} Mbit/s{rtt}: the job will run at the speed of its slowest link; "
+            f"check the NICs, cables, switch ports and routes between {a} and {b}"
+        )
+    else:
+        message = (
+            f"{figure:.1%} of the data {a} sent {b} was retransmitted{rtt}: packets are lost "
+            f"between them; check the NICs, cables and switch ports between {a} and {b}"
+        )
+    return Reason(code, message, host=b, detail="link", ranks=(src, dst))
+
+
+def _span(values: list[str], unit: str) -> str:
+    low, high = values
+    return f"{low}{unit}" if low == high else f"{low}-{high}{unit}"

@@ -1,0 +1,74 @@
+"""What the kernel knows of one TCP connection (Linux TCP_INFO): bytes, retransmits, RTT.
+
+The layout is ``struct tcp_info`` of linux/tcp.h; fields that an older kernel does not fill
+(the struct grows at its end) read as None. Nothing here fails: a socket that cannot be
+asked (not TCP, not Linux, closed) gives None.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Protocol
+
+import msgspec
+
+#: Bytes asked for: the struct as of Linux 6.x is 280; the kernel copies what it has.
+_ASK = 512
+_U32 = struct.Struct("=I")
+_U64 = struct.Struct("=Q")
+# Offsets in struct tcp_info (linux/tcp.h).
+_SND_MSS, _RTT, _TOTAL_RETRANS = 16, 68, 100
+_BYTES_ACKED, _BYTES_RECEIVED, _MIN_RTT = 120, 128, 148
+_BYTES_SENT, _BYTES_RETRANS = 200, 208
+
+
+class TcpStats(msgspec.Struct, frozen=True):
+    """One reading of a connection's counters (None: the kernel does not report it)."""
+
+    snd_mss: int | None = None
+    rtt_us: int | None = None
+    min_rtt_us: int | None = None
+    total_retrans: int | None = None
+    bytes_acked: int | None = None
+    bytes_received: int | None = None
+    bytes_sent: int | None = None
+    bytes_retrans: int | None = None
+
+
+def parse(raw: bytes) -> TcpStats:
+    """A TCP_INFO buffer as TcpStats; fields beyond its length are None."""
+
+    def u32(offset: int) -> int | None:
+        return _U32.unpack_from(raw, offset)[0] if len(raw) >= offset + 4 else None
+
+    def u64(offset: int) -> int | None:
+        return _U64.unpack_from(raw, offset)[0] if len(raw) >= offset + 8 else None
+
+    return TcpStats(
+        snd_mss=u32(_SND_MSS),
+        rtt_us=u32(_RTT),
+        min_rtt_us=u32(_MIN_RTT),
+        total_retrans=u32(_TOTAL_RETRANS),
+        bytes_acked=u64(_BYTES_ACKED),
+        bytes_received=u64(_BYTES_RECEIVED),
+        bytes_sent=u64(_BYTES_SENT),
+        bytes_retrans=u64(_BYTES_RETRANS),
+    )
+
+
+class Sockopts(Protocol):
+    """What reading TCP_INFO needs of a socket (a socket, or asyncio's TransportSocket)."""
+
+    def getsockopt(self, level: int, option: int, buflen: int, /) -> bytes: ...
+
+
+def read(sock: Sockopts) -> TcpStats | None:
+    """The connection's counters now, or None when the kernel will not say."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return None
+    try:
+        return parse(sock.getsockopt(socket.IPPROTO_TCP, option, _ASK))
+    except OSError:
+        return None

@@ -1,0 +1,152 @@
+"""Which links each node measures, and the warnings a cluster's measurements give."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rallypoint import links, tcpinfo
+from rallypoint.errors import PeerMessageError
+from rallypoint.links import LinkStat
+
+HOSTS = tuple(f"n{r}" for r in range(16))
+
+
+def pairs(nnodes: int) -> set[tuple[int, int]]:
+    return {(min(r, p), max(r, p)) for r in range(nnodes) for p in links.measured_peers(nnodes, r)}
+
+
+@pytest.mark.parametrize("nnodes", [1, 2, 3, 5, 8])
+def test_small_clusters_measure_every_pair_once(nnodes: int) -> None:
+    assert pairs(nnodes) == {(a, b) for a in range(nnodes) for b in range(a + 1, nnodes)}
+    assert sum(len(links.measured_peers(nnodes, r)) for r in range(nnodes)) == len(pairs(nnodes))
+
+
+@pytest.mark.parametrize("nnodes", [9, 16, 64, 1000, 4096])
+def test_large_clusters_measure_two_rings_linear_in_n(nnodes: int) -> None:
+    measured = pairs(nnodes)
+    assert len(measured) <= 2 * nnodes
+    degree = {r: 0 for r in range(nnodes)}
+    for a, b in measured:
+        degree[a] += 1
+        degree[b] += 1
+    # Every node is an end of four links: a bad node shows as one whose every link is bad.
+    assert min(degree.values()) == 4
+    assert all(len(links.measured_peers(nnodes, r)) == 2 for r in range(nnodes))
+
+
+@given(st.integers(2, 5000), st.data())
+def test_measured_peers_are_other_valid_ranks(nnodes: int, data: st.DataObject) -> None:
+    rank = data.draw(st.integers(0, nnodes - 1))
+    peers = links.measured_peers(nnodes, rank)
+    assert len(set(peers)) == len(peers)
+    assert all(0 <= p < nnodes and p != rank for p in peers)
+
+
+def link(peer: int, mbps: float = 1000.0, retrans: float = 0.0) -> LinkStat:
+    return LinkStat(peer, mbps, mbps, retrans, retrans, 0.1, 1 << 20)
+
+
+def test_a_clean_cluster_gives_no_warning() -> None:
+    measured = {r: [link(p, 900 + 10 * r) for p in links.measured_peers(5, r)] for r in range(5)}
+    assert links.judge(measured, HOSTS[:5]) == []
+
+
+def test_a_slow_node_is_named_once_not_per_link() -> None:
+    # n2's link is shaped: every link with n2 at one end is slow, the others are not.
+    measured = {
+        r: [link(p, 5.0 if 2 in (r, p) else 1000.0) for p in links.measured_peers(4, r)]
+        for r in range(4)
+    }
+    warnings = links.judge(measured, HOSTS[:4])
+    assert [(w.code, w.detail, w.ranks) for w in warnings] == [("slow_link", "node", (2,))]
+    assert "every measured link of n2 is slow" in warnings[0].message
+    assert "1,000 Mbit/s" in warnings[0].message
+
+
+def test_a_slow_link_between_good_nodes_is_named_as_a_link() -> None:
+    measured = {
+        r: [link(p, 50.0 if {r, p} == {0, 3} else 1000.0) for p in links.measured_peers(4, r)]
+        for r in range(4)
+    }
+    warnings = links.judge(measured, HOSTS[:4])
+    assert {(w.code, w.detail, w.ranks) for w in warnings} == {
+        ("slow_link", "link", (0, 3)),
+        ("slow_link", "link", (3, 0)),
+    }
+    assert "the link n0 -> n3 carries 50.0 Mbit/s" in warnings[0].message
+
+
+def test_one_slow_direction_is_named_with_its_direction() -> None:
+    measured = {0: [LinkStat(1, 1000.0, 20.0)], 1: [LinkStat(2, 1000.0, 1000.0)]}
+    warnings = links.judge(measured, HOSTS[:3])
+    assert [(w.code, w.ranks) for w in warnings] == [("slow_link", (1, 0))]
+
+
+def test_a_lossy_node_is_named() -> None:
+    measured = {
+        r: [link(p, retrans=0.09 if 1 in (r, p) else 0.0) for p in links.measured_peers(3, r)]
+        for r in range(3)
+    }
+    warnings = links.judge(measured, HOSTS[:3])
+    assert [(w.code, w.detail, w.ranks) for w in warnings] == [("lossy_link", "node", (1,))]
+    assert "9.0%" in warnings[0].message
+
+
+def test_two_nodes_have_nothing_to_compare_with() -> None:
+    # One link: it is the cluster's best; only --min-link-mbps can call it slow.
+    assert links.judge({0: [link(1, 1.0)]}, HOSTS[:2]) == []
+
+
+def test_measurements_naming_unknown_ranks_are_ignored() -> None:
+    assert links.judge({0: [link(7, 1.0), link(1)], 9: [link(0, 1.0)]}, HOSTS[:2]) == []
+
+
+def test_links_round_trip_through_their_json() -> None:
+    original = (LinkStat(3, 1234.5, 99.25, 0.01, None, 0.25, 4096, False),)
+    assert links.links_from([x.as_json() for x in original], "report") == original
+
+
+@pytest.mark.parametrize(
+    ("item", "field"),
+    [
+        ("x", "links[0] is not an object"),
+        ({"peer": -1, "up_mbps": 1, "down_mbps": 1}, "peer"),
+        ({"peer": True, "up_mbps": 1, "down_mbps": 1}, "peer"),
+        ({"peer": 1, "up_mbps": "fast", "down_mbps": 1}, "up_mbps"),
+        ({"peer": 1, "up_mbps": 1, "down_mbps": float("nan")}, "down_mbps"),
+        ({"peer": 1, "up_mbps": 1, "down_mbps": 1e12}, "down_mbps"),
+        ({"peer": 1, "up_mbps": 1, "down_mbps": 1, "up_retrans": 2}, "up_retrans"),
+        ({"peer": 1, "up_mbps": 1, "down_mbps": 1, "bytes": -5}, "bytes"),
+        ({"peer": 1, "up_mbps": 1, "down_mbps": 1, "complete": "yes"}, "complete"),
+    ],
+)
+def test_bad_links_from_a_peer_name_the_field(item: object, field: str) -> None:
+    with pytest.raises(PeerMessageError, match=re.escape(field)):
+        links.links_from([item], "report")
+
+
+def test_too_many_links_are_refused() -> None:
+    with pytest.raises(PeerMessageError, match="at most"):
+        links.links_from([link(1).as_json()] * (links.MAX_LINKS + 1), "report")
+
+
+def test_tcp_info_fields_are_read_at_their_offsets_and_missing_ones_are_none() -> None:
+    raw = bytearray(280)
+    struct.pack_into("=I", raw, 16, 1448)  # snd_mss
+    struct.pack_into("=I", raw, 148, 55)  # min_rtt
+    struct.pack_into("=Q", raw, 200, 10_000)  # bytes sent
+    struct.pack_into("=Q", raw, 208, 250)  # bytes retransmitted
+    stats = tcpinfo.parse(bytes(raw))
+    assert (stats.snd_mss, stats.min_rtt_us, stats.bytes_sent, stats.bytes_retrans) == (
+        1448,
+        55,
+        10_000,
+        250,
+    )
+    old = tcpinfo.parse(bytes(raw[:104]))  # a kernel before 4.x: no byte counters
+    assert old.snd_mss == 1448 and old.bytes_sent is None
