@@ -28,6 +28,7 @@ import msgspec
 
 from rallypoint import datapath
 from rallypoint.auth import Authenticator
+from rallypoint.links import LinkStat
 from rallypoint.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class Outcome(msgspec.Struct, frozen=True):
     elapsed_s: float
     #: The data leg, when one was asked for and the answer checked out.
     transfer: datapath.Transfer | None = None
+    #: A measured link's figures (connectivity.Prober: the best of its transfers).
+    link: LinkStat | None = None
 
     @property
     def ok(self) -> bool:

@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,7 +49,20 @@ OWNERS_DIR = Path("/run/rallypoint-multihost")
 LOCAL_PORT = 7780
 PEER_PORT = 7781
 _CLONE_NEWNET = 0x40000000
+#: An Ethernet header: a frame is the IP packet plus this.
+ETH_HLEN = 14
+#: Offloads that let a veth carry frames bigger than the wire's (GSO/TSO super-packets, GRO
+#: merges): the faults that judge frames by size turn these off on both ends of the link,
+#: with every ``*-segmentation`` feature `ethtool -k` lists (TCP, UDP, tunnels ...).
+OFFLOADS = frozenset(
+    {"generic-segmentation-offload", "generic-receive-offload", "rx-gro-list",
+     "large-receive-offload"}
+)  # fmt: skip
+#: Queue of the tbf shaper (`Node.shape`), as the time the queue takes to drain.
+SHAPER_LATENCY = "100ms"
 _TAG_RE = re.compile(r"^(rp\d{1,3})(?:-|c\d)")
+#: Suffix of the file beside a run's owner file listing its faketime wrappers' pids.
+FAKETIME_PIDS = ".faketime"
 
 
 def run_tag() -> str:
@@ -172,10 +186,28 @@ class Proc:
     argv: tuple[str, ...]
     log_path: Path
     popen: subprocess.Popen[bytes]
+    #: Started under `faketime_argv`: ``pid`` is the wrapper, the program its child.
+    faketime: bool = False
 
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    def _reaped(self, timeout_s: float = 0.0) -> None:
+        """After the exit of ``pid``: for a faketime wrapper, wait for its child and clean up.
+
+        The wrapper dies of a signal at once, while the program it runs may still be
+        shutting down: wait (up to timeout_s, then SIGKILL) until nothing of the process
+        group is left, then remove the wrapper's shared memory, which it only removes on a
+        normal exit.
+        """
+        if not self.faketime or self.popen.poll() is None:
+            return
+        if not _group_gone(self.popen.pid, timeout_s):
+            self.signal(signal.SIGKILL)
+            _group_gone(self.popen.pid, 5.0)
+        for path in faketime_files(self.popen.pid):
+            path.unlink(missing_ok=True)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -194,19 +226,24 @@ class Proc:
         self.signal(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=timeout_s)
+        self._reaped(timeout_s)
 
     def stop(self, *, grace_s: float = 5.0) -> int | None:
         """SIGTERM, then SIGKILL after grace_s; return the exit code."""
         self.signal(signal.SIGTERM)
         try:
-            return self.popen.wait(timeout=grace_s)
+            code = self.popen.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             self.kill()
             return self.popen.poll()
+        self._reaped(grace_s)
+        return code
 
     def wait(self, timeout_s: float) -> int:
         """Wait for exit; subprocess.TimeoutExpired if it takes longer."""
-        return self.popen.wait(timeout=timeout_s)
+        code = self.popen.wait(timeout=timeout_s)
+        self._reaped(timeout_s)
+        return code
 
     def log(self) -> str:
         try:
@@ -232,6 +269,8 @@ class Node:
     sidecar: Proc | None = None
     #: The node's IPv6 address in a dual-stack cluster (in an IPv6-only one, ``address``).
     address6: str | None = None
+    #: The link faults in force (kind -> what undoes it); `clear_faults` undoes them all.
+    faults: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def addresses(self) -> tuple[str, ...]:
@@ -286,14 +325,156 @@ class Node:
     def link_up(self) -> None:
         sh(["ip", "link", "set", self.veth, "up"])
 
+    def _link_ends(self) -> tuple[tuple[list[str], str], tuple[list[str], str]]:
+        """Both ends of this node's veth pair: (command prefix, device), inside first."""
+        return (["ip", "netns", "exec", self.ns], IFNAME), ([], self.veth)
+
+    def _offloads_off(self) -> None:
+        """Turn off, on both ends of the link, every offload that carries oversize frames.
+
+        A veth hands GSO/TSO super-packets to its peer whole, past any size check, and the
+        kernel segments them later, by the sender's MSS. With these off, every frame that
+        crosses the pair is a real one, as on a wire: the node's eth0 segments what it sends,
+        the bridge-side veth what the bridge forwards to the node. Remembered per device, so
+        `_offloads_restore` turns back on exactly what this turned off.
+        """
+        if "offloads" in self.faults:
+            return
+        changed: dict[str, list[str]] = {}
+        for prefix, dev in self._link_ends():
+            listing = sh([*prefix, "ethtool", "-k", dev]).stdout
+            names = [  # "name: on" exactly: not "[fixed]", not "off [requested on]"
+                name
+                for name in re.findall(r"^\s*([\w-]+): on$", listing, re.M)
+                if name in OFFLOADS or name.endswith("-segmentation")
+            ]
+            if names:
+                sh([*prefix, "ethtool", "-K", dev, *(w for n in names for w in (n, "off"))])
+            changed[dev] = names
+        self.faults["offloads"] = changed
+
+    def _offloads_restore(self, *, check: bool = True) -> None:
+        """Turn back on what `_offloads_off` turned off, once no fault needs them off."""
+        if "mtu_clamp" in self.faults or "drop_incoming" in self.faults:
+            return
+        changed: dict[str, list[str]] = self.faults.pop("offloads", {})
+        for prefix, dev in self._link_ends():
+            names = changed.get(dev, [])
+            if names:
+                argv = [*prefix, "ethtool", "-K", dev, *(w for n in names for w in (n, "on"))]
+                sh(argv, check=check)
+
+    def clamp_path_mtu(self, size: int) -> None:
+        """A path-MTU black hole: IP packets over ``size`` bytes to or from here vanish.
+
+        Every interface still says 1500 and TCP still agrees on an MSS of 1460, but frames
+        longer than ``size`` (IP packet length, i.e. frame minus the Ethernet header) are
+        dropped on the wire, in both directions, and nothing sends an ICMP "fragmentation
+        needed": a TCP connection stalls at its first full-sized segment, while one with
+        ``TCP_MAXSEG`` at most ``size - 40`` (IPv4; the timestamps option comes out of that
+        MSS) passes. The drop is a tc ``bpf`` filter (classic BPF, direct action) at the
+        ingress of both ends of the veth pair: the bridge-side veth sees what the node
+        sends, the node's eth0 what it receives, each frame after segmentation (offloads
+        off, `_offloads_off`), and a frame dropped there is lost on the wire for the sender.
+        An MTU on the bridge port would let GSO super-packets through (and frames 4 bytes
+        over it, the VLAN allowance); iptables OUTPUT sees TCP's GSO super-packets before
+        segmentation, and a drop there is a local error the sending TCP knows about.
+        """
+        self.unclamp_path_mtu()
+        self._offloads_off()
+        for prefix, dev in self._link_ends():
+            sh([*prefix, "tc", "qdisc", "add", "dev", dev, "clsact"])
+            sh([*prefix, "tc", "filter", "add", "dev", dev, "ingress",
+                "bpf", "da", "bytecode", drop_frames_over(size + ETH_HLEN)])  # fmt: skip
+        self.faults["mtu_clamp"] = size
+
+    def unclamp_path_mtu(self, *, check: bool = True) -> None:
+        """Undo `clamp_path_mtu`: the filters go, the offloads come back; no-op without one."""
+        if self.faults.pop("mtu_clamp", None) is None:
+            return
+        for prefix, dev in self._link_ends():
+            sh([*prefix, "tc", "qdisc", "del", "dev", dev, "clsact"], check=check)
+        self._offloads_restore(check=check)
+
+    def shape(self, rate_mbit: float) -> None:
+        """Shape this node's link to ``rate_mbit`` in both directions (tc tbf).
+
+        One token bucket on the egress of the node's eth0 (what it sends) and one on the
+        egress of the bridge-side veth (what the bridge forwards to it); the bucket holds
+        about 5 ms at that rate (at least two full-sized frames, for TSO bursts at least
+        16 KiB) and the queue SHAPER_LATENCY, beyond which tbf drops, like a bottleneck
+        link's buffer. GSO super-packets are segmented by tbf, so offloads stay on.
+        """
+        if rate_mbit <= 0:
+            raise ValueError(f"rate must be positive, got {rate_mbit!r} Mbit/s")
+        self.unshape()
+        burst = max(16 * 1024, int(rate_mbit * 1e6 / 8 * 0.005))
+        for prefix, dev in self._link_ends():
+            sh([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+                "rate", f"{rate_mbit:g}mbit", "burst", str(burst),
+                "latency", SHAPER_LATENCY])  # fmt: skip
+        self.faults["shape"] = rate_mbit
+
+    def unshape(self, *, check: bool = True) -> None:
+        """Undo `shape` (the veth's default, no queue, comes back); no-op without one."""
+        if self.faults.pop("shape", None) is None:
+            return
+        for prefix, dev in self._link_ends():
+            sh([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], check=check)
+
+    def drop_incoming(self, fraction: float) -> None:
+        """Lose ``fraction`` of the TCP packets arriving on this node's link, at random.
+
+        iptables (ip6tables for IPv6 addresses) ``-m statistic --mode random`` on INPUT
+        inside the namespace, for eth0 only: loopback traffic is never dropped. Offloads
+        are off as for `clamp_path_mtu`, so that a packet is a wire frame and not a GSO
+        super-packet of up to 45 of them (the loss would otherwise come in bursts).
+        """
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+        self.undrop_incoming()
+        self._offloads_off()
+        rule = ["INPUT", "-i", IFNAME, "-p", "tcp", "-m", "statistic", "--mode", "random",
+                "--probability", f"{fraction:.6f}", "-j", "DROP"]  # fmt: skip
+        tools = sorted({"ip6tables" if ":" in a else "iptables" for a in self.addresses})
+        for tool in tools:
+            self.inside([tool, "-w", "5", "-I", *rule])
+        self.faults["drop_incoming"] = (tools, rule)
+
+    def undrop_incoming(self, *, check: bool = True) -> None:
+        """Undo `drop_incoming`; no-op without one."""
+        if "drop_incoming" not in self.faults:
+            return
+        tools, rule = self.faults.pop("drop_incoming")
+        for tool in tools:
+            sh(["ip", "netns", "exec", self.ns, tool, "-w", "5", "-D", *rule], check=check)
+        self._offloads_restore(check=check)
+
+    def clear_faults(self, *, check: bool = False) -> None:
+        """Undo every fault of clamp_path_mtu, shape and drop_incoming still in force."""
+        self.unclamp_path_mtu(check=check)
+        self.unshape(check=check)
+        self.undrop_incoming(check=check)
+
     # processes -------------------------------------------------------------------------------
 
-    def command(self, argv: Sequence[str]) -> list[str]:
-        """argv wrapped to run in this namespace with this node's host name."""
+    def command(self, argv: Sequence[str], *, clock_offset_s: float | None = None) -> list[str]:
+        """argv wrapped to run in this namespace with this node's host name.
+
+        With ``clock_offset_s``, under `faketime_argv`: its wall clock shifted by that many
+        seconds, its monotonic clocks not.
+        """
+        if clock_offset_s is not None:
+            argv = faketime_argv(clock_offset_s, argv)
         return in_namespace(self.ns, self.name, argv)
 
     def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, label: str = "proc"
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        label: str = "proc",
+        clock_offset_s: float | None = None,
     ) -> Proc:
         """Start argv in this namespace, output to a log file, in its own process group."""
         log_path = self.cluster.workdir / f"{self.name}.{label}.{len(self.procs)}.log"
@@ -301,7 +482,7 @@ class Node:
         full_env.update(env or {})
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(
-                self.command(argv),
+                self.command(argv, clock_offset_s=clock_offset_s),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -309,7 +490,12 @@ class Node:
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
-        proc = Proc(f"{self.name}:{label}", tuple(argv), log_path, popen)
+        proc = Proc(
+            f"{self.name}:{label}", tuple(argv), log_path, popen, clock_offset_s is not None
+        )
+        if proc.faketime:  # the sweeper removes its shared memory should this run die first
+            with open(OWNERS_DIR / f"{self.cluster.tag}{FAKETIME_PIDS}", "a") as pids:
+                pids.write(f"{popen.pid}\n")
         self.procs.append(proc)
         return proc
 
@@ -320,12 +506,13 @@ class Node:
         env: Mapping[str, str] | None = None,
         timeout_s: float = 30.0,
         check: bool = False,
+        clock_offset_s: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run argv to completion in this namespace and capture its output."""
         full_env = base_environ()
         full_env.update(env or {})
         return subprocess.run(
-            self.command(argv),
+            self.command(argv, clock_offset_s=clock_offset_s),
             capture_output=True,
             text=True,
             env=full_env,
@@ -335,14 +522,22 @@ class Node:
         )
 
     def start_sidecar(
-        self, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None
+        self,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        clock_offset_s: float | None = None,
     ) -> Proc:
-        """Start `rallypoint serve` here with this node's orchestrator variables plus env."""
+        """Start `rallypoint serve` here with this node's orchestrator variables plus env.
+
+        ``clock_offset_s`` shifts its wall clock (`faketime_argv`), e.g. 600 for a node
+        whose clock is ten minutes ahead.
+        """
         merged = dict(self.cluster.node_environ(self))
         merged.update(self.cluster.sidecar_env)
         merged.update(env or {})
         argv = [sys.executable, "-m", "rallypoint", "serve", *self.cluster.sidecar_args, *args]
-        self.sidecar = self.spawn(argv, env=merged, label="sidecar")
+        self.sidecar = self.spawn(argv, env=merged, label="sidecar", clock_offset_s=clock_offset_s)
         return self.sidecar
 
     def kill_sidecar(self) -> None:
@@ -506,6 +701,60 @@ while True:
 """
 
 
+def drop_frames_over(length: int) -> str:
+    """A tc ``bpf da bytecode`` program: drop frames longer than ``length`` bytes.
+
+    Classic BPF (the kernel needs no eBPF loader or act_gact for it): load the frame
+    length (at tc ingress cls_bpf sees the frame with its Ethernet header), return
+    TC_ACT_SHOT (2) when it is longer, else TC_ACT_UNSPEC (-1, the filter chain goes on).
+    """
+    program = [
+        (0x80, 0, 0, 0),  # ld len
+        (0x25, 0, 1, length),  # jgt #length: next, else skip one
+        (0x06, 0, 0, 2),  # ret #TC_ACT_SHOT
+        (0x06, 0, 0, 0xFFFFFFFF),  # ret #TC_ACT_UNSPEC
+    ]
+    return ",".join([str(len(program)), *(" ".join(map(str, op)) for op in program)])
+
+
+def faketime_argv(offset_s: float, argv: Sequence[str]) -> list[str]:
+    """argv under Debian's `faketime`, its wall clock ``offset_s`` seconds off (+ ahead).
+
+    ``FAKETIME_DONT_FAKE_MONOTONIC=1``: only CLOCK_REALTIME and friends move; monotonic
+    clocks (asyncio's timers, every timeout) are the machine's. ``-m`` is the thread-safe
+    libfaketime (the sidecar and torch run threads). Children inherit it (LD_PRELOAD).
+    """
+    if shutil.which("faketime") is None:
+        raise RuntimeError("`faketime` is not on PATH (apt-get install faketime)")
+    # Whole seconds as such; libfaketime reads a fraction's separator from the locale.
+    whole = float(offset_s).is_integer()
+    offset = f"{int(offset_s):+d}" if whole else f"{offset_s:+.6f}".rstrip("0")
+    return ["env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-m", "-f", offset, *argv]
+
+
+def faketime_files(pid: int) -> tuple[Path, Path]:
+    """The POSIX shared memory and semaphore the faketime wrapper of pid creates."""
+    return Path(f"/dev/shm/faketime_shm_{pid}"), Path(f"/dev/shm/sem.faketime_sem_{pid}")
+
+
+def _group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until no live (non-zombie) process is left in process group pgid."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    alive = True
+                    break
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def read_json_file(path: Path) -> Any:
     """A JSON file's content, or None while it does not exist yet."""
     try:
@@ -648,6 +897,9 @@ class Cluster:
             for proc in node.procs:
                 proc.kill()
         for node in self:
+            # Every fault lives on the veth pair or in the namespace, both deleted next; undone
+            # first all the same, so that nothing outlives a link that fails to go.
+            node.clear_faults()
             self.bridge.remove_host(node.ns, node.veth)
         self.bridge.close()
         RUNS.release(self)
@@ -725,6 +977,16 @@ def sweep_stale() -> list[str]:
     removed = RUNS.sweep(_TAG_RE)
     if OWNERS_DIR.is_dir():
         for entry in OWNERS_DIR.iterdir():
-            if entry.name != run_tag() and RUNS.stale(entry.name):
-                entry.unlink(missing_ok=True)
+            tag = entry.name.removesuffix(FAKETIME_PIDS)
+            if tag == run_tag() or not RUNS.stale(tag):
+                continue
+            if entry.name != tag:  # a dead run's faketime wrappers: their shared memory
+                pids = [int(p) for p in entry.read_text().split() if p.isdigit()]
+                for path in (
+                    f for pid in pids if not netns.pid_alive(pid) for f in faketime_files(pid)
+                ):
+                    if path.exists():
+                        path.unlink(missing_ok=True)
+                        removed.append(f"file {path}")
+            entry.unlink(missing_ok=True)
     return removed

@@ -4,21 +4,19 @@ Three namespace hosts on 172.30.213.0/24 (above 127, like Docker's 172.17), Back
 (``main1`` listed second), token on. For every scenario the sidecars give their verdict
 first; then the sidecars are stopped (their probe windows would otherwise listen on the
 ports) and a torch gloo all-reduce runs on the same hosts with the env the sidecars serve
-(or, when they refuse to, the same env built by hand from /status), under the same fault.
+(or, when they refuse to, the same env built by hand from /status), under the same fault
+(tests/multihost/jobs.py).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.multihost import clients, harness
+from tests.multihost import harness
 from tests.multihost.conftest import MakeCluster
+from tests.multihost.jobs import job_completed, rank_of, run_job, wait_reason
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
@@ -26,80 +24,8 @@ SUBNET = "172.30.213"
 #: Preferred master port: known before the sidecars start, so a firewall can drop it.
 MASTER_PORT = 29511
 READY_S = 40.0
-VERDICT_S = 40.0
-JOB_S = 90.0
-#: gloo's own timeout for the job under a fault (its default is 30 min).
-GLOO_TIMEOUT_S = "15"
 #: Probes give up per attempt after this; failures are retried until repaired.
 ARGS = ("--probe-timeout", "1", "--frameworks", "torch,tf")
-
-
-def rank_of(cluster: harness.Cluster, name: str) -> int:
-    return harness.backendai_order(cluster.hosts).index(name)
-
-
-def hand_env(cluster: harness.Cluster, name: str) -> dict[str, str]:
-    """The env a node would serve (MASTER_PORT from the master's /status)."""
-    port = cluster["main1"].status()["ports"]["master"]["port"]
-    return {
-        "MASTER_ADDR": "main1",
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": "3",
-        "RANK": str(rank_of(cluster, name)),
-        "GLOO_SOCKET_IFNAME": harness.IFNAME,
-    }
-
-
-def run_job(
-    cluster: harness.Cluster, script: Path, envs: dict[str, dict[str, str]] | None = None
-) -> dict[str, tuple[int | None, Any]]:
-    """Stop the sidecars, then run the gloo all-reduce on every node; name -> (code, result)."""
-    envs = envs or {node.name: hand_env(cluster, node.name) for node in cluster}
-    for node in cluster:
-        if node.sidecar is not None:
-            node.sidecar.stop()
-    results: dict[str, tuple[int | None, Any]] = {}
-    procs = {
-        node.name: node.spawn(
-            [
-                sys.executable,
-                str(script),
-                "--env-json",
-                json.dumps(envs[node.name]),
-                "--timeout",
-                GLOO_TIMEOUT_S,
-            ],
-            label="torch",
-        )
-        for node in cluster
-    }
-    for name, proc in procs.items():
-        try:
-            code: int | None = proc.wait(JOB_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = None
-        found = clients.parse_results(proc.log())
-        results[name] = (code, found[-1] if found else None)
-    return results
-
-
-def job_completed(results: dict[str, tuple[int | None, Any]]) -> bool:
-    return all(code == 0 and r is not None and r["ok"] for code, r in results.values())
-
-
-def wait_reason(node: harness.Node, code: str) -> dict[str, Any]:
-    """Wait until node's /env answers 503 with a reason of ``code``; that reason."""
-
-    def probe() -> dict[str, Any] | None:
-        for reason in node.not_ready_reasons() or []:
-            if reason.get("code") == code:
-                return reason
-        return None
-
-    return harness.wait_for(
-        probe, timeout_s=VERDICT_S, what=f"{node.name}: {code}", describe=node.describe
-    )
 
 
 @pytest.fixture

@@ -7,6 +7,10 @@ right and every rank took part:
     torchrun allreduce.py                       # torchrun, deepspeed: the env per process
     python allreduce.py --sidecar URL           # one process per node: GET URL/env first
     python allreduce.py --env-json '{...}'      # a hand-made env instead of the sidecar's
+    python allreduce.py --mib 4 --steps 5 ...   # training-sized: 4 MiB of float32, 5 times
+
+With ``--mib`` or ``--steps`` the line also has ``mib``, ``steps`` and ``elapsed_s`` (the
+all-reduce steps only, not the group's set-up), and every element of every step is checked.
 
 Run as a script (a job copies it as ``train.py``); it needs only the standard library and
 torch, which it imports after the wait for the sidecar has started.
@@ -66,7 +70,16 @@ def main() -> int:
     parser.add_argument("--wait", type=float, default=30.0, help="seconds to wait for /env")
     parser.add_argument("--env-json", default=None, help="take this env (wins over --sidecar)")
     parser.add_argument("--timeout", type=float, default=120.0, help="gloo/store timeout, s")
+    parser.add_argument(
+        "--mib", type=float, default=None, help="all-reduce this many MiB of float32 (0: one)"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="all-reduce this many times")
     args = parser.parse_args()
+    sized = args.mib is not None or args.steps is not None
+    mib: float = args.mib or 0.0
+    steps: int = 1 if args.steps is None else args.steps
+    if mib < 0 or steps < 1:
+        parser.error("--mib must be >= 0 and --steps >= 1")
 
     if args.env_json:
         os.environ.update(json.loads(args.env_json))
@@ -78,21 +91,29 @@ def main() -> int:
 
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
-    tensor = torch.tensor([float(rank + 1)])
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    expected = world * (world + 1) / 2
+    elements = max(1, int(mib * 2**20) // 4)  # float32; --mib 0 keeps the single float
+    tensor = torch.full((elements,), float(rank + 1), dtype=torch.float32)
+    summed, elapsed = True, 0.0
+    for step in range(steps):
+        if step:
+            tensor.fill_(float(rank + 1))
+        started = time.monotonic()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        elapsed += time.monotonic() - started
+        summed = summed and bool(torch.all(tensor == expected))
     hosts: list[object] = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     dist.destroy_process_group()
 
-    expected = world * (world + 1) / 2
-    ok = tensor.item() == expected and None not in hosts
+    ok = summed and None not in hosts
     local_rank = os.environ.get("LOCAL_RANK")
     result = {
         "ok": ok,
         "rank": rank,
         "local_rank": None if local_rank is None else int(local_rank),
         "world_size": world,
-        "sum": tensor.item(),
+        "sum": tensor[0].item(),
         "expected": expected,
         "hosts": hosts,
         "host": socket.gethostname(),
@@ -103,6 +124,8 @@ def main() -> int:
         "generation": os.environ.get("RALLYPOINT_GENERATION"),
         "env": {key: os.environ.get(key) for key in SHOWN},
     }
+    if sized:
+        result.update({"mib": mib, "steps": steps, "elapsed_s": round(elapsed, 4)})
     # The processes of a node may share one log: one write() per line keeps the lines whole
     # (print() may write the text and its newline separately, and they then interleave).
     os.write(1, ("RESULT " + json.dumps(result, sort_keys=True) + "\n").encode())
