@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rallypoint import wire
+from rallypoint import links, wire
 from rallypoint.errors import JoinRejected
 from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterSpec, Member
@@ -121,3 +121,30 @@ async def test_a_new_document_starts_a_new_verdict() -> None:
     assert book.doc is not None and book.doc.generation != gen
     assert book.verdict is not None and not book.verdict.verified
     assert book.verdict.generation == book.doc.generation and book.reports == {}
+
+
+async def test_slow_links_are_warned_once_every_node_reported_and_listed_in_status() -> None:
+    book, gen = book_with_doc()
+    fast, slow = links.LinkStat(1, 1000.0, 1000.0, 0.0, 0.0), links.LinkStat(2, 5.0, 5.0)
+    book.report(report(gen, 0, links=(fast, slow)))
+    book.report(report(gen, 1, links=(links.LinkStat(2, 4.0, 6.0, 0.0, 0.0),)))
+    assert book.link_warnings == []  # not judged before every node reported
+    final = book.report(report(gen, 2))
+    assert final.verified  # a warning, not a failure
+    assert [(w.code, w.host) for w in book.link_warnings] == [("slow_link", "b")]
+    assert any("every measured link of b is slow" in w for w in final.warnings)
+    view = {(row["from"], row["to"]): row["warnings"] for row in book.link_view()}
+    assert view == {("m", "a"): [], ("m", "b"): ["slow_link"], ("a", "b"): ["slow_link"]}
+
+
+async def test_nodes_that_differ_in_rdma_devices_are_named() -> None:
+    book, gen = book_with_doc()
+    book.report(report(gen, 0, net=wire.NetFacts("eth0", 1500, rdma=True)))
+    book.report(report(gen, 1, net=wire.NetFacts("eth0", 1500, rdma=True)))
+    final = book.report(report(gen, 2, net=wire.NetFacts("eth0", 1500, rdma=False)))
+    rdma = [w for w in final.warnings if "RDMA" in w]
+    assert rdma and "visible on m, a but not on b" in rdma[0], final.warnings
+    same, gen2 = book_with_doc()
+    for rank in range(3):
+        last = same.report(report(gen2, rank, net=wire.NetFacts("eth0", 1500, rdma=True)))
+    assert not any("RDMA" in w for w in last.warnings)
