@@ -10,6 +10,12 @@ still collected), interleaved so that both see the same machine load.
     python bench/checks_cost.py --against /tmp/main --variant main=checks
                                                  # A/B: another checkout's code interleaved
 
+Once every node is ready, each run also reads every node's
+``rallypoint_probe_bytes_total{direction}`` from /metrics (the bytes the data legs moved,
+both ends; absent on code without data legs) and the number of ``link_warnings`` on the
+master's /status: the summary gives the bytes each node sent (median over runs of the mean
+and the max over nodes) and the runs with any link warning, per variant.
+
 ``--variant NAME=ARGS`` replaces the variants (repeatable; ARGS go to every `rallypoint serve`,
 space-separated, may be empty). With ``--against CHECKOUT`` a variant whose name starts with
 ``main`` runs that checkout's src/ (PYTHONPATH), the others this one's.
@@ -17,13 +23,40 @@ space-separated, may be empty). With ``--against CHECKOUT`` a variant whose name
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
 import common
-from time_to_ready import each_cluster, one_run
+from time_to_ready import each_cluster, harness, one_run
 
 VARIANTS = {"checks": (), "no_probe": ("--no-probe",)}
+_PROBE_BYTES = re.compile(
+    r'^rallypoint_probe_bytes_total\{direction="(sent|received)"\}\s+(\S+)$', re.MULTILINE
+)
+
+
+def probe_bytes(node: harness.Node) -> dict[str, float]:
+    """rallypoint_probe_bytes_total by direction from node's /metrics ({} when not exported)."""
+    reply = node.try_get("/metrics")
+    if reply is None or reply.status != 200:
+        return {}
+    return {direction: float(value) for direction, value in _PROBE_BYTES.findall(reply.text)}
+
+
+def after_ready(cluster: harness.Cluster, out: dict[str, float]) -> None:
+    """Bytes each node sent (mean, max over nodes) and the master's link warnings, into out."""
+    nodes = list(cluster)
+    sent = [probe_bytes(node).get("sent", 0.0) for node in nodes]
+    received = [probe_bytes(node).get("received", 0.0) for node in nodes]
+    out["sent_mean"], out["sent_max"] = statistics.fmean(sent), max(sent)
+    out["received_mean"] = statistics.fmean(received)
+    try:
+        status = nodes[0].status()
+    except (OSError, ValueError):
+        return
+    out["links"] = len(status.get("links") or [])
+    out["link_warnings"] = len(status.get("link_warnings") or [])
 
 
 def variants(specs: list[str] | None) -> dict[str, tuple[str, ...]]:
@@ -60,21 +93,56 @@ def main() -> None:
     for n, cluster in each_cluster(args.sizes, "checks-cost", "rp-cost-"):
         for scenario in args.scenarios:
             samples: dict[str, dict[str, list[float]]] = {v: {} for v in chosen}
+            extras: dict[str, dict[str, list[float]]] = {v: {} for v in chosen}
             for i in range(args.runs):
                 for variant, extra in chosen.items():
-                    run = one_run(cluster, scenario, args.wait, extra, envs[variant])
+                    seen: dict[str, float] = {}
+                    hooks = (lambda: None, lambda c=cluster, seen=seen: after_ready(c, seen))
+                    run = one_run(cluster, scenario, args.wait, extra, envs[variant], hooks=hooks)
                     for key in ("rallypoint_from_spawn", "rallypoint_from_livez"):
                         samples[variant].setdefault(key, []).append(run[key])
+                    for key, value in seen.items():
+                        extras[variant].setdefault(key, []).append(value)
                     print(
-                        f"N={n:2d} {scenario:11s} run {i:2d} {variant:8s}: "
+                        f"N={n:2d} {scenario:11s} run {i:2d} {variant:13s}: "
                         f"from livez {run['rallypoint_from_livez'] * 1000:6.0f} ms, "
-                        f"from spawn {run['rallypoint_from_spawn'] * 1000:6.0f} ms",
+                        f"from spawn {run['rallypoint_from_spawn'] * 1000:6.0f} ms, "
+                        f"sent/node {seen.get('sent_mean', 0) / 1024:7.0f} KiB "
+                        f"(max {seen.get('sent_max', 0) / 1024:.0f}), "
+                        f"links {seen.get('links', 0):.0f}, "
+                        f"warnings {seen.get('link_warnings', 0):.0f}",
                         flush=True,
                     )
             row: dict[str, object] = {"nnodes": n, "scenario": scenario, "runs": args.runs}
             for variant, by_key in samples.items():
                 for key, values in by_key.items():
                     row[f"{variant}_{key}"] = common.summary(values, 1000)
+                seen_by = extras[variant]
+                for key in ("sent_mean", "sent_max", "received_mean"):
+                    if seen_by.get(key):
+                        row[f"{variant}_{key}_bytes_p50"] = statistics.median(seen_by[key])
+                if "link_warnings" in seen_by:
+                    row[f"{variant}_links_p50"] = statistics.median(seen_by["links"])
+                    row[f"{variant}_runs_with_link_warnings"] = sum(
+                        1 for w in seen_by["link_warnings"] if w > 0
+                    )
+            for variant in chosen:
+                if variant == "main" or "main" not in samples:
+                    continue
+                ratio = statistics.median(
+                    a / b
+                    for a, b in zip(
+                        samples[variant]["rallypoint_from_livez"],
+                        samples["main"]["rallypoint_from_livez"],
+                        strict=True,
+                    )
+                )
+                row[f"{variant}_over_main_from_livez_p50"] = round(ratio, 3)
+                row[f"{variant}_over_main_from_livez_p50_of_p50"] = round(
+                    statistics.median(samples[variant]["rallypoint_from_livez"])
+                    / statistics.median(samples["main"]["rallypoint_from_livez"]),
+                    3,
+                )
             if "checks" in samples and "no_probe" in samples:
                 added = statistics.median(
                     samples["checks"]["rallypoint_from_livez"]
@@ -105,6 +173,17 @@ def report(table: list[dict[str, object]], names: list[str]) -> None:
             s = row[f"{name}_rallypoint_from_livez"]
             cells.append(f"{s['p50']:>14.0f}/{s['p99']:<7.0f}")  # type: ignore[index]
         print(f"{row['nnodes']:3d} {row['scenario']:11s} " + " ".join(cells))
+    print(f"\n{'N':>3} {'scenario':11s} {'variant':13s} {'/main':>6} {'sent/node KiB':>14} warned")
+    for row in table:
+        for name in names:
+            ratio = row.get(f"{name}_over_main_from_livez_p50")
+            sent = row.get(f"{name}_sent_mean_bytes_p50")
+            print(
+                f"{row['nnodes']:3d} {row['scenario']:11s} {name:13s} "
+                f"{'-' if ratio is None else f'{ratio:.2f}':>6} "
+                f"{'-' if sent is None else f'{sent / 1024:.0f}':>14} "  # type: ignore[operator]
+                f"{row.get(f'{name}_runs_with_link_warnings', '-')}/{row['runs']}"
+            )
 
 
 def targets(table: list[dict[str, object]], names: list[str]) -> dict[str, dict[str, object]]:
