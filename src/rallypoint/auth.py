@@ -132,11 +132,7 @@ class Authenticator:
         """Accept an authentic, fresh, first-seen message or raise AuthError; no-op when off."""
         if not self.enabled:
             return
-        shown = context if context.isprintable() else ascii(context)
-        found = _pick_headers(shown, headers)
-        timestamp, nonce, signature = (found[name] for name in _HEADERS)
-        _check_formats(shown, timestamp, nonce, signature)
-        self._check_mac(shown, _message_parts(context, timestamp, nonce, body), signature)
+        shown, timestamp, nonce = self._authentic(context, body, headers)
         ts = int(timestamp)
         self._check_fresh(shown, ts)
         self._remember(shown, nonce, ts)
@@ -153,15 +149,22 @@ class Authenticator:
         """
         if not self.enabled:
             return
+        shown, _, _ = self._authentic(context, body, headers)
+        if not hmac.compare_digest(sent.encode(), echoed.encode()):
+            raise AuthError(
+                f"rejected {shown}: it echoes another request's nonce", reason="replayed"
+            )
+
+    def _authentic(
+        self, context: str, body: bytes, headers: Mapping[str, str]
+    ) -> tuple[str, str, str]:
+        """(context as shown, timestamp, nonce) of a well-formed, authentic message."""
         shown = context if context.isprintable() else ascii(context)
         found = _pick_headers(shown, headers)
         timestamp, nonce, signature = (found[name] for name in _HEADERS)
         _check_formats(shown, timestamp, nonce, signature)
         self._check_mac(shown, _message_parts(context, timestamp, nonce, body), signature)
-        if not hmac.compare_digest(sent.encode(), echoed.encode()):
-            raise AuthError(
-                f"rejected {shown}: it echoes another request's nonce", reason="replayed"
-            )
+        return shown, timestamp, nonce
 
     def sign_fields(self, fields: Mapping[str, str]) -> dict[str, str]:
         """``fields`` plus "ts", "nonce" and "sig"; ``fields`` unchanged when auth is off."""

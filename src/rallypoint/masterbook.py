@@ -233,11 +233,14 @@ class MasterBook:
         else:
             self._failing.discard(rank)
         before = old or wire.Report(spec.session, report.generation, rank, report.host, False)
+        # Both trackers keep counts: each must see every report, whatever the others say.
+        mtus_moved = self._count_mtu(before.net.mtu, report.net.mtu)
+        clock_moved = self._track_clock(report)
         material = (
-            before.failures != report.failures
+            mtus_moved
+            or clock_moved
+            or before.failures != report.failures
             or before.busy != report.busy
-            or self._count_mtu(before.net.mtu, report.net.mtu)
-            or self._track_clock(report)
             or before.links != report.links
             or before.net.rdma != report.net.rdma
         )
