@@ -24,7 +24,7 @@ ALL_PAIRS_MAX = 8
 #: Measured on two cores, clean clusters spread up to ~5x (docs/performance.md).
 SLOW_SHARE = 0.1
 #: A direction of a link that retransmits more than this share of its bytes is lossy.
-LOSSY_SHARE = 0.02
+LOSSY_SHARE = 0.03
 
 
 class LinkStat(msgspec.Struct, frozen=True):
