@@ -1,4 +1,4 @@
-"""The data leg of a probe: bytes both ways after the challenge, timed and counted by the kernel.
+"""The data leg of a probe: bytes both ways after the challenge, timed, and counted by the kernel.
 
 A handshake and a one-line answer cross any path; training then moves megabytes. After a
 probe's answer checks out, the prober asks the window to move data (docs/readiness.md,
@@ -7,7 +7,7 @@ probe's answer checks out, the prober asks the window to move data (docs/readine
     prober -> RPDATA/1 <up> <down> <mac>\\n, then <up> bytes
     window -> RPACK/1\\n once all <up> bytes arrived, then <down> bytes
     prober -> RPSTAT/1\\n
-    window -> RPSTAT/1 <bytes sent> <retransmitted> <rtt us> <leg us>\\n
+    window -> RPSTAT/1 <bytes sent> <retransmitted> <leg us>\\n
               (its TCP_INFO counters of the down leg, and how long the leg took)
 
 Each leg is timed by its sender, the same way: from its first byte written to the word that
@@ -48,7 +48,7 @@ _ZEROS = bytes(_CHUNK)
 ACK = b"RPACK/1\n"
 STAT_ASK = b"RPSTAT/1\n"
 REQUEST = re.compile(rb"RPDATA/1 (\d{1,9}) (\d{1,9}) ([0-9a-f]{64})\r?\n")
-_STAT = re.compile(rb"RPSTAT/1 (\d{1,20}) (\d{1,20}) (\d{1,10}) (\d{1,20})\r?\n")
+_STAT = re.compile(rb"RPSTAT/1 (\d{1,20}) (\d{1,20}) (\d{1,20})\r?\n")
 _MAX_LINE = 256
 
 
@@ -68,8 +68,6 @@ class Transfer(msgspec.Struct, frozen=True):
 
     cause: str
     detail: str
-    #: Where a failed transfer stopped: "up" (towards the window) or "down".
-    direction: str | None
     up_bytes: int
     down_bytes: int
     up_s: float
@@ -83,7 +81,6 @@ class Transfer(msgspec.Struct, frozen=True):
     #: The window's counters of the down leg (bytes sent, retransmitted) and its timing.
     peer_sent: int | None = None
     peer_retrans: int | None = None
-    peer_rtt_us: int | None = None
     peer_leg_us: int | None = None
 
     @property
@@ -130,7 +127,7 @@ async def exchange(sock: socket.socket, request: DataRequest, mac: str) -> Trans
     before = tcpinfo.read(sock)
     base_acked = (before.bytes_acked or 0) if before is not None else 0
     header = b"RPDATA/1 %d %d %s\n" % (request.up, request.down, mac.encode())
-    state = _Reading(request.down, before)
+    state = _Reading(request.down)
     started = time.monotonic()
 
     async def send() -> None:
@@ -179,14 +176,13 @@ async def exchange(sock: socket.socket, request: DataRequest, mac: str) -> Trans
     up_s = (acked_at if acked_at is not None else now) - started
     down_s = 0.0 if acked_at is None else (state.done_at or now) - acked_at
     complete = cause == "ok" and state.done_at is not None
-    peer: tuple[int, int, int, int] | None = None
+    peer: tuple[int, int, int] | None = None
     if complete:
         peer = await _peer_stats(loop, sock, request.stall_s)
     up = _delta(before, state.at_ack)
     return Transfer(
         cause=cause,
         detail=detail,
-        direction=None if cause == "ok" else ("up" if acked_at is None else "down"),
         up_bytes=up_bytes,
         down_bytes=state.got,
         up_s=up_s,
@@ -197,8 +193,7 @@ async def exchange(sock: socket.socket, request: DataRequest, mac: str) -> Trans
         rtt_us=None if state.at_ack is None else state.at_ack.min_rtt_us,
         peer_sent=None if peer is None else peer[0],
         peer_retrans=None if peer is None else peer[1],
-        peer_rtt_us=None if peer is None else peer[2],
-        peer_leg_us=None if peer is None else peer[3],
+        peer_leg_us=None if peer is None else peer[2],
     )
 
 
@@ -228,13 +223,12 @@ class _Garbled(Exception):
 class _Reading:
     """The prober's read side: the ACK line, then ``down`` bytes."""
 
-    def __init__(self, down: int, before: tcpinfo.TcpStats | None) -> None:
+    def __init__(self, down: int) -> None:
         self.down = down
         self.got = 0
         self.acked = 0
         self.acked_at: float | None = None
         self.done_at: float | None = None
-        self.before = before
         #: The prober's counters when the ACK arrived: the up leg is over.
         self.at_ack: tcpinfo.TcpStats | None = None
 
@@ -265,7 +259,7 @@ class _Reading:
 
 async def _peer_stats(
     loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout_s: float
-) -> tuple[int, int, int, int] | None:
+) -> tuple[int, int, int] | None:
     """The window's counters of the down leg, or None when it does not say in time."""
     try:
         async with asyncio.timeout(timeout_s):
@@ -281,18 +275,17 @@ async def _peer_stats(
     match = _STAT.fullmatch(line)
     if match is None:
         return None
-    sent, retrans, rtt, leg_us = (int(g) for g in match.groups())
+    sent, retrans, leg_us = (int(g) for g in match.groups())
     if retrans > sent:
         return None
-    return sent, retrans, rtt, leg_us
+    return sent, retrans, leg_us
 
 
 def stat_line(before: tcpinfo.TcpStats | None, now: tcpinfo.TcpStats | None, leg_s: float) -> bytes:
     """The window's answer to RPSTAT/1: its counters of the down leg (zeros if unknown)."""
     sent, retrans = _delta(before, now)
-    rtt = None if now is None else now.min_rtt_us
     leg_us = max(1, int(leg_s * 1e6))
-    return b"RPSTAT/1 %d %d %d %d\n" % (sent or 0, retrans or 0, rtt or 0, leg_us)
+    return b"RPSTAT/1 %d %d %d\n" % (sent or 0, retrans or 0, leg_us)
 
 
 async def largest_passing(

@@ -18,20 +18,15 @@ _ASK = 512
 _U32 = struct.Struct("=I")
 _U64 = struct.Struct("=Q")
 # Offsets in struct tcp_info (linux/tcp.h).
-_SND_MSS, _RTT, _TOTAL_RETRANS = 16, 68, 100
-_BYTES_ACKED, _BYTES_RECEIVED, _MIN_RTT = 120, 128, 148
+_BYTES_ACKED, _MIN_RTT = 120, 148
 _BYTES_SENT, _BYTES_RETRANS = 200, 208
 
 
 class TcpStats(msgspec.Struct, frozen=True):
     """One reading of a connection's counters (None: the kernel does not report it)."""
 
-    snd_mss: int | None = None
-    rtt_us: int | None = None
     min_rtt_us: int | None = None
-    total_retrans: int | None = None
     bytes_acked: int | None = None
-    bytes_received: int | None = None
     bytes_sent: int | None = None
     bytes_retrans: int | None = None
 
@@ -46,12 +41,8 @@ def parse(raw: bytes) -> TcpStats:
         return _U64.unpack_from(raw, offset)[0] if len(raw) >= offset + 8 else None
 
     return TcpStats(
-        snd_mss=u32(_SND_MSS),
-        rtt_us=u32(_RTT),
         min_rtt_us=u32(_MIN_RTT),
-        total_retrans=u32(_TOTAL_RETRANS),
         bytes_acked=u64(_BYTES_ACKED),
-        bytes_received=u64(_BYTES_RECEIVED),
         bytes_sent=u64(_BYTES_SENT),
         bytes_retrans=u64(_BYTES_RETRANS),
     )

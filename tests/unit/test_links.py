@@ -137,16 +137,16 @@ def test_too_many_links_are_refused() -> None:
 
 def test_tcp_info_fields_are_read_at_their_offsets_and_missing_ones_are_none() -> None:
     raw = bytearray(280)
-    struct.pack_into("=I", raw, 16, 1448)  # snd_mss
+    struct.pack_into("=Q", raw, 120, 70_000)  # bytes acked
     struct.pack_into("=I", raw, 148, 55)  # min_rtt
     struct.pack_into("=Q", raw, 200, 10_000)  # bytes sent
     struct.pack_into("=Q", raw, 208, 250)  # bytes retransmitted
     stats = tcpinfo.parse(bytes(raw))
-    assert (stats.snd_mss, stats.min_rtt_us, stats.bytes_sent, stats.bytes_retrans) == (
-        1448,
+    assert (stats.bytes_acked, stats.min_rtt_us, stats.bytes_sent, stats.bytes_retrans) == (
+        70_000,
         55,
         10_000,
         250,
     )
-    old = tcpinfo.parse(bytes(raw[:104]))  # a kernel before 4.x: no byte counters
-    assert old.snd_mss == 1448 and old.bytes_sent is None
+    old = tcpinfo.parse(bytes(raw[:136]))  # a kernel of the 4.1 era: bytes acked, no more
+    assert old.bytes_acked == 70_000 and old.min_rtt_us is None and old.bytes_sent is None
