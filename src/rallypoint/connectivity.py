@@ -178,8 +178,6 @@ class Prober:
         self._slots = asyncio.Semaphore(settings.probe_workers)
         #: The links measured in the current run, by peer rank (links.measured_peers).
         self.links: dict[int, links.LinkStat] = {}
-        #: This node's interface MTU, the top of a path-MTU search.
-        self.mtu: int | None = None
         self._measure = frozenset(
             links.measured_peers(spec.nnodes, spec.rank) if settings.throughput else ()
         )
@@ -233,7 +231,8 @@ class Prober:
         """The failure an outcome stands for (None: passed); records a measured link."""
         source, target = (self.spec.rank, self.spec.host), (t.rank, t.host, t.address)
         if outcome.cause == "path_mtu":
-            return path_mtu_reason(source, target, int(outcome.detail), self.mtu)
+            mtu = None if outcome.transfer is None else outcome.transfer.route_mtu
+            return path_mtu_reason(source, target, int(outcome.detail), mtu)
         if outcome.cause == "stalled":
             return stalled_reason(source, target, t.port, outcome.detail)
         if not outcome.ok:
@@ -291,10 +290,9 @@ class Prober:
             self.metrics.probe_bytes.labels("received").inc(outcome.transfer.down_bytes)
         return outcome
 
-    async def _search(self, target: Target) -> int | None:
-        """The largest packet that crosses to ``target`` and back, or None when none does."""
+    async def _search(self, target: Target, low: int, high: int) -> int | None:
+        """The largest packet in [low, high] that crosses to ``target`` and back, or None."""
         family = 6 if ":" in target.address else 4
-        low, high = MIN_PACKET[family], max(self.mtu or 1500, MIN_PACKET[family])
         stall_s = min(self.settings.probe_timeout_s, 1.0)
 
         async def passes(size: int) -> bool:
@@ -345,12 +343,16 @@ class Prober:
         outcome = await self._probe(target, self._data(target))
         if outcome.ok and target.kind == "probe" and target.rank in self._measure:
             outcome = await self._measured(target, outcome)
-        if outcome.cause == "stalled":
-            # Connected and answered, then data stopped: find the packet size that passes.
-            size = await self._search(target)
-            top = max(self.mtu or 1500, MIN_PACKET[6 if ":" in target.address else 4])
+        if outcome.cause == "stalled" and outcome.transfer is not None:
+            # Connected and answered, then data stopped: find the packet size that passes,
+            # up to the MTU of the route this very connection took.
+            family = 6 if ":" in target.address else 4
+            low = MIN_PACKET[family]
+            route = max(outcome.transfer.route_mtu or 1500, low)
+            top = min(route, datapath.MAX_MSS + HEADERS[family])
+            size = await self._search(target, low, top)
             if size is not None and size < top:
-                outcome = probe.Outcome("path_mtu", str(size), outcome.elapsed_s)
+                outcome = probe.Outcome("path_mtu", str(size), outcome.elapsed_s, outcome.transfer)
         self.metrics.probes_sent.labels(target.kind, outcome.cause).inc()
         if not outcome.ok:
             log.debug(

@@ -74,6 +74,9 @@ class Transfer(msgspec.Struct, frozen=True):
     down_s: float
     #: Every asked byte moved within the budget.
     complete: bool
+    #: The MTU of the route the connection took (tcpinfo.route_mtu): the size full-size
+    #: segments fill, and the top of a search for the size that passes.
+    route_mtu: int | None = None
     #: The prober's counters of the up leg (deltas over the data leg, read at the ACK).
     up_sent: int | None = None
     up_retrans_bytes: int | None = None
@@ -114,6 +117,10 @@ class Transfer(msgspec.Struct, frozen=True):
 
 def _mbps(count: int, seconds: float) -> float:
     return count * 8 / seconds / 1e6 if seconds > 0 else 0.0
+
+
+#: The largest MSS TCP_MAXSEG takes (Linux's MAX_TCP_WINDOW): a path-MTU search stops there.
+MAX_MSS = 32767
 
 
 def clamp_mss(sock: socket.socket, mss: int) -> None:
@@ -188,6 +195,7 @@ async def exchange(sock: socket.socket, request: DataRequest, mac: str) -> Trans
         up_s=up_s,
         down_s=down_s,
         complete=complete,
+        route_mtu=tcpinfo.route_mtu(sock),
         up_sent=up[0],
         up_retrans_bytes=up[1],
         rtt_us=None if state.at_ack is None else state.at_ack.min_rtt_us,
@@ -288,18 +296,24 @@ def stat_line(before: tcpinfo.TcpStats | None, now: tcpinfo.TcpStats | None, leg
     return b"RPSTAT/1 %d %d %d\n" % (sent or 0, retrans or 0, leg_us)
 
 
+#: A path-MTU search stops once the size is known to this many bytes (or after SEARCH_ROUNDS).
+SEARCH_PRECISION = 8
+SEARCH_ROUNDS = 4
+
+
 async def largest_passing(
     low: int, high: int, passes: Callable[[int], Awaitable[bool]], *, per_round: int = 12
 ) -> int | None:
     """The largest size in [low, high] for which ``passes`` holds, to within a few units.
 
-    Two rounds of ``per_round`` sizes tried at once (each a probe with a clamped MSS, so a
-    round costs one stall limit, not one per size): evenly over [low, high], then evenly
-    between the largest that passed and the next that did not. None when ``low`` fails too.
+    Rounds of ``per_round`` sizes tried at once (each a probe with a clamped MSS, so a round
+    costs one stall limit, not one per size): evenly over [low, high], then evenly between
+    the largest that passed and the next that did not, until the two are SEARCH_PRECISION
+    apart (two rounds from 1500, four from loopback's 65536). None when ``low`` fails too.
     """
     lo, hi = low, high
     best: int | None = None
-    for _ in range(2):
+    for _ in range(SEARCH_ROUNDS):
         sizes = sorted({lo + (hi - lo) * i // per_round for i in range(per_round + 1)})
         results = await asyncio.gather(*(passes(size) for size in sizes))
         passed = [size for size, ok in zip(sizes, results, strict=True) if ok]
@@ -311,7 +325,7 @@ async def largest_passing(
         if not failed:
             return best
         lo, hi = top, min(failed)
-        if hi - lo <= 1:
+        if hi - lo <= SEARCH_PRECISION:
             return best
     return best
 

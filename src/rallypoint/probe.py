@@ -106,7 +106,10 @@ async def probe(
     try:
         sock.setblocking(False)
         if data is not None and data.mss is not None:
-            datapath.clamp_mss(sock, data.mss)
+            try:
+                datapath.clamp_mss(sock, data.mss)
+            except OSError as exc:
+                return done("error", f"cannot clamp the MSS to {data.mss}: {_describe(exc)}")
         try:
             async with asyncio.timeout(timeout_s):
                 await loop.sock_connect(sock, sockaddr)

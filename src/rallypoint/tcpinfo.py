@@ -54,6 +54,24 @@ class Sockopts(Protocol):
     def getsockopt(self, level: int, option: int, buflen: int, /) -> bytes: ...
 
 
+#: getsockopt options for a connected socket's path MTU (linux/in.h, linux/in6.h; Python's
+#: socket module does not name them).
+_IP_MTU, _IPV6_MTU = 14, 24
+
+
+def route_mtu(sock: socket.socket) -> int | None:
+    """The MTU of the route a connected socket uses (its interface's, unless a route or
+    ICMP lowered it), or None when the kernel will not say."""
+    if sock.family == socket.AF_INET6:
+        level, option = socket.IPPROTO_IPV6, _IPV6_MTU
+    else:
+        level, option = socket.IPPROTO_IP, _IP_MTU
+    try:
+        return sock.getsockopt(level, option)
+    except OSError:
+        return None
+
+
 def read(sock: Sockopts) -> TcpStats | None:
     """The connection's counters now, or None when the kernel will not say."""
     option = getattr(socket, "TCP_INFO", None)

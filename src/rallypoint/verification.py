@@ -173,7 +173,6 @@ class Verification:
                     [Reason("verifying", f"trying {len(targets)} connections the job will make")]
                 )
                 prober = self._prober
-                prober.mtu = check.net.mtu
                 probes = asyncio.create_task(
                     prober.run(targets, lambda failed: self._probed(check, failed), started=early)
                 )
