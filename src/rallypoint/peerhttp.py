@@ -101,34 +101,17 @@ class PeerClient:
     async def get_cluster(self, target: tuple[str, int], after: str | None) -> ClusterDoc | None:
         """GET /v1/cluster as a long-poll: a newer document, or None when the poll timed out."""
         query = "" if after is None else after
-        params = {} if after is None else {"after": after}
-        timeout = aiohttp.ClientTimeout(
-            total=self.settings.long_poll_s + self.settings.resolve_timeout_s
+        answer = await self._request(
+            "GET",
+            target,
+            "/v1/cluster",
+            f"GET /v1/cluster?after={query}",
+            b"",
+            wire.MAX_DOC_BYTES,
+            aiohttp.ClientTimeout(self.settings.long_poll_s + self.settings.resolve_timeout_s),
+            params={} if after is None else {"after": after},
         )
-        for retry in (False, True):
-            headers = self.auth.sign(f"GET /v1/cluster?after={query}", b"")
-            sent = self.offsets.wall()
-            try:
-                async with self._client().get(
-                    url(target, "/v1/cluster"), params=params, headers=headers, timeout=timeout
-                ) as resp:
-                    payload = await _read_limited(resp, wire.MAX_DOC_BYTES)
-                    status, answer_headers = resp.status, resp.headers
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                raise PeerDown(_describe(exc)) from exc
-            if status == 204:
-                return None
-            exchange = Exchange(sent, self.offsets.wall(), headers.get(NONCE_HEADER))
-            try:
-                self._check_answer(status, "/v1/cluster", payload, answer_headers)
-            except AuthError as exc:
-                if retry or not self._learn(
-                    exc, status, "/v1/cluster", payload, answer_headers, exchange
-                ):
-                    raise self._clock_error(exc) from exc
-                continue
-            break
-        return wire.parse_cluster_doc(payload)
+        return None if answer is None else wire.parse_cluster_doc(answer[0])
 
     async def post_report(self, target: tuple[str, int], body: bytes) -> wire.Verdict:
         """POST /v1/report, a long-poll: the master's verdict once it differs from the one seen.
@@ -154,21 +137,56 @@ class PeerClient:
         connect_s: float | None = None,
     ) -> tuple[bytes, Exchange]:
         """POST a signed JSON body; the answer's body once its status and signature check out,
-        and the exchange's clock readings. Refused for its timestamp, it is sent once more on
-        the clock the refusal corrected."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_s)
+        and the exchange's clock readings (see _request)."""
+        answer = await self._request(
+            "POST",
+            target,
+            path,
+            f"POST {path}",
+            body,
+            limit,
+            aiohttp.ClientTimeout(total=timeout_s, connect=connect_s),
+        )
+        if answer is None:  # 204 is no answer to a POST
+            raise _refusal(204, b"")
+        return answer
+
+    async def _request(
+        self,
+        method: str,
+        target: tuple[str, int],
+        path: str,
+        context: str,
+        body: bytes,
+        limit: int,
+        deadlines: aiohttp.ClientTimeout,
+        *,
+        params: Mapping[str, str] | None = None,
+    ) -> tuple[bytes, Exchange] | None:
+        """A signed request; the answer's body and the exchange's clock readings once its
+        status and signature check out, None for 204 (a long-poll that ended empty).
+
+        Refused for its timestamp, it is sent once more on the clock the refusal corrected.
+        """
         for retry in (False, True):
-            headers = {"Content-Type": "application/json"}
-            headers.update(self.auth.sign(f"POST {path}", body))
+            headers = {"Content-Type": "application/json"} if method == "POST" else {}
+            headers.update(self.auth.sign(context, body))
             sent = self.offsets.wall()
             try:
-                async with self._client().post(
-                    url(target, path), data=body, headers=headers, timeout=timeout
+                async with self._client().request(
+                    method,
+                    url(target, path),
+                    data=body if method == "POST" else None,
+                    params=params,
+                    headers=headers,
+                    timeout=deadlines,
                 ) as resp:
                     payload = await _read_limited(resp, limit)
                     status, answer_headers = resp.status, resp.headers
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 raise PeerDown(_describe(exc)) from exc
+            if status == 204:
+                return None
             exchange = Exchange(sent, self.offsets.wall(), headers.get(NONCE_HEADER))
             try:
                 self._check_answer(status, path, payload, answer_headers)
