@@ -258,13 +258,15 @@ class Prober:
         if link.rtt_ms is not None:
             metrics.link_rtt.labels(host).set(link.rtt_ms / 1000)
 
+    def _measures(self, target: Target) -> bool:
+        """Whether ``target`` is a link this node measures (links.measured_peers)."""
+        return target.kind == "probe" and target.rank in self._measure
+
     def _data(self, target: Target) -> datapath.DataRequest | None:
         """What the probe of ``target`` moves: nothing on ports other than the probe port."""
         if target.kind != "probe":
             return None
-        size = (
-            self.settings.throughput_bytes if target.rank in self._measure else datapath.PATH_BYTES
-        )
+        size = self.settings.throughput_bytes if self._measures(target) else datapath.PATH_BYTES
         return datapath.DataRequest(
             up=size,
             down=size,
@@ -341,7 +343,7 @@ class Prober:
 
     async def _one(self, target: Target) -> probe.Outcome:
         outcome = await self._probe(target, self._data(target))
-        if outcome.ok and target.kind == "probe" and target.rank in self._measure:
+        if outcome.ok and self._measures(target):
             outcome = await self._measured(target, outcome)
         if outcome.cause == "stalled" and outcome.transfer is not None:
             # Connected and answered, then data stopped: find the packet size that passes,

@@ -122,11 +122,13 @@ class Master:
 
     def _clock_reasons(self, book: MasterBook) -> list[Reason]:
         """A clock_skew reason for each node not joined whose messages were refused as stale."""
-        joined = book.members
+        unjoined = [
+            (rank, refused) for rank, refused in sorted(self.refused_skew.items())
+            if rank not in book.members
+        ]  # fmt: skip
         return [
             refused_reason(self.ctx.spec.hosts[rank], rank, skew_s, limit_s)
-            for rank, (skew_s, limit_s) in sorted(self.refused_skew.items())[:8]
-            if rank not in joined
+            for rank, (skew_s, limit_s) in unjoined[:8]
         ]
 
     def handle_join(self, request: wire.JoinRequest, remote: str | None) -> wire.JoinAnswer:

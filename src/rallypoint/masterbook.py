@@ -377,44 +377,42 @@ class MasterBook:
     def link_view(self, limit: int = 512) -> list[dict[str, object]]:
         """Every measured link of the current generation (the first ``limit``), for /status."""
         hosts = self.spec.hosts
-        flagged: dict[tuple[int, int], list[str]] = {}
+        # A warning names a link (two ranks) or a node (one): a link shows both kinds.
+        flagged: dict[frozenset[int], set[str]] = {}
         for reason in self.link_warnings:
-            if len(reason.ranks) == 2:
-                pair = (min(reason.ranks), max(reason.ranks))
-                flagged.setdefault(pair, []).append(reason.code)
-            elif len(reason.ranks) == 1:
-                flagged.setdefault((reason.ranks[0], -1), []).append(reason.code)
+            flagged.setdefault(frozenset(reason.ranks), set()).add(reason.code)
+        none: set[str] = set()
         out: list[dict[str, object]] = []
         for rank, report in sorted(self.reports.items()):
             for link in report.links:
-                if link.peer >= len(hosts) or len(out) >= limit:
+                if link.peer >= len(hosts):
                     continue
-                pair = (min(rank, link.peer), max(rank, link.peer))
-                codes = flagged.get(pair, []) + flagged.get((rank, -1), [])
-                codes += flagged.get((link.peer, -1), [])
+                if len(out) == limit:
+                    return out
+                codes = (
+                    flagged.get(frozenset((rank, link.peer)), none)
+                    | flagged.get(frozenset((rank,)), none)
+                    | flagged.get(frozenset((link.peer,)), none)
+                )
                 out.append(
                     {
                         "from": hosts[rank],
                         "to": hosts[link.peer],
                         **link.as_json(),
-                        "warnings": sorted(set(codes)),
+                        "warnings": sorted(codes),
                     }
                 )
         return out
 
     def _rdma_warnings(self) -> tuple[str, ...]:
         """Nodes that differ in whether they see RDMA devices (NCCL then mixes IB and TCP)."""
-        with_rdma = [r.host for _, r in sorted(self.reports.items()) if r.net.rdma]
-        if not with_rdma or len(with_rdma) == len(self.reports):
+        ordered = [report for _, report in sorted(self.reports.items())]
+        with_rdma = [r.host for r in ordered if r.net.rdma]
+        without = [r.host for r in ordered if not r.net.rdma]
+        if not with_rdma or not without:
             return ()
-        without = [r.host for _, r in sorted(self.reports.items()) if not r.net.rdma]
-
-        def some(hosts: list[str]) -> str:
-            more = f" and {len(hosts) - 4} more" if len(hosts) > 4 else ""
-            return ", ".join(hosts[:4]) + more
-
         return (
-            f"RDMA devices are visible on {some(with_rdma)} but not on {some(without)}: NCCL "
+            f"RDMA devices are visible on {_listed(with_rdma)} but not on {_listed(without)}: NCCL "
             "would mix InfiniBand and sockets across the cluster; give every node the same "
             "devices, or set NCCL_IB_DISABLE=1 on every node",
         )
@@ -432,8 +430,7 @@ class MasterBook:
             return ()
         parts = []
         for mtu, hosts in sorted(by_mtu.items()):
-            more = f" and {len(hosts) - 4} more" if len(hosts) > 4 else ""
-            parts.append(f"{mtu} on {', '.join(hosts[:4])}{more}")
+            parts.append(f"{mtu} on {_listed(hosts)}")
         return (
             "the MTU of the interface that routes to the master differs across the cluster: "
             + "; ".join(parts)
@@ -476,3 +473,9 @@ class MasterBook:
 
         await wait_until(lambda: issued() or self._closed, lambda: self._changed, timeout_s)
         return self.doc if issued() else None
+
+
+def _listed(hosts: list[str], shown: int = 4) -> str:
+    """The first ``shown`` hosts, and how many more there are."""
+    more = f" and {len(hosts) - shown} more" if len(hosts) > shown else ""
+    return ", ".join(hosts[:shown]) + more
