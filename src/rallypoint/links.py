@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from rallypoint.errors import PeerMessageError
 from rallypoint.reasons import Reason
 
 #: Up to this many nodes every pair's throughput is measured (N(N-1)/2 links).
@@ -52,59 +51,6 @@ class LinkStat(msgspec.Struct, frozen=True):
             "bytes": self.bytes,
             "complete": self.complete,
         }
-
-
-#: Links one report may carry (a node measures at most ALL_PAIRS_MAX - 1, or 2).
-MAX_LINKS = 64
-#: Largest rate accepted from a peer, Mbit/s (10 Tbit/s).
-MAX_MBPS = 1e7
-_MAX_RANK = 1 << 20
-
-
-def links_from(data: object, where: str) -> tuple[LinkStat, ...]:
-    """Measured links from a peer's JSON list; PeerMessageError names the field at fault."""
-    if not isinstance(data, list) or len(data) > MAX_LINKS:
-        raise PeerMessageError(f"{where}: links must be a list of at most {MAX_LINKS}")
-    out = []
-    for index, item in enumerate(data):
-        at = f"{where}: links[{index}]"
-        if not isinstance(item, dict):
-            raise PeerMessageError(f"{at} is not an object")
-        peer = item.get("peer")
-        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < _MAX_RANK:
-            raise PeerMessageError(f"{at}.peer must be a rank")
-        size = item.get("bytes", 0)
-        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 1 << 40:
-            raise PeerMessageError(f"{at}.bytes must be a byte count")
-        complete = item.get("complete", True)
-        if not isinstance(complete, bool):
-            raise PeerMessageError(f"{at}.complete must be true or false")
-        out.append(
-            LinkStat(
-                peer=peer,
-                up_mbps=_number(item.get("up_mbps"), f"{at}.up_mbps", MAX_MBPS),
-                down_mbps=_number(item.get("down_mbps"), f"{at}.down_mbps", MAX_MBPS),
-                up_retrans=_optional(item.get("up_retrans"), f"{at}.up_retrans", 1.0),
-                down_retrans=_optional(item.get("down_retrans"), f"{at}.down_retrans", 1.0),
-                rtt_ms=_optional(item.get("rtt_ms"), f"{at}.rtt_ms", 3.6e6),
-                bytes=size,
-                complete=complete,
-            )
-        )
-    return tuple(out)
-
-
-def _number(value: object, where: str, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PeerMessageError(f"{where} must be a number")
-    number = float(value)
-    if not math.isfinite(number) or not 0 <= number <= high:
-        raise PeerMessageError(f"{where} must be between 0 and {high:g}")
-    return number
-
-
-def _optional(value: object, where: str, high: float) -> float | None:
-    return None if value is None else _number(value, where, high)
 
 
 def stride(nnodes: int) -> int:

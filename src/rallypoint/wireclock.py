@@ -10,12 +10,12 @@ value is a PeerMessageError naming the field, never a float that poisons an esti
 
 from __future__ import annotations
 
-import math
 import re
 
 import msgspec
 
 from rallypoint.errors import PeerMessageError
+from rallypoint.wirefields import number
 
 #: Largest Unix timestamp accepted (auth.py's timestamps have at most 12 digits).
 MAX_TIMESTAMP = 1e12
@@ -116,13 +116,5 @@ def source(value: object, where: str) -> str:
 
 
 def seconds(value: object, name: str, low: float, high: float = MAX_OFFSET_S) -> float:
-    """A finite JSON number in low..high (NaN and Infinity, which json.loads takes, are not)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        # An int may be too large for a float (math.isfinite would raise): compare it as is.
-        or (isinstance(value, float) and not math.isfinite(value))
-        or not low <= value <= high
-    ):
-        raise PeerMessageError(f"{name} must be a number in {low:g}-{high:g}, got {value!r:.40}")
-    return float(value)
+    """A number of seconds (or a timestamp) in low..high: wirefields.number."""
+    return number(value, name, low, high)

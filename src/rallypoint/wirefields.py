@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import re
 from collections.abc import Mapping
 
@@ -99,6 +100,19 @@ def session(value: object, name: str) -> str:
     if not isinstance(value, str) or not _SESSION.fullmatch(value):
         raise PeerMessageError(f"{name} must be 1-256 printable ASCII characters")
     return value
+
+
+def number(value: object, name: str, low: float, high: float) -> float:
+    """A finite JSON number in low..high (NaN and Infinity, which json.loads takes, are not)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        # An int may be too large for a float (math.isfinite would raise): compare it as is.
+        or (isinstance(value, float) and not math.isfinite(value))
+        or not low <= value <= high
+    ):
+        raise PeerMessageError(f"{name} must be a number in {low:g}-{high:g}, got {value!r:.40}")
+    return float(value)
 
 
 def integer(value: object, name: str, low: int, high: int) -> int:

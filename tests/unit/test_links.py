@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint import links, tcpinfo
+from rallypoint import links, tcpinfo, wire
 from rallypoint.errors import PeerMessageError
 from rallypoint.links import LinkStat
 
@@ -108,7 +108,7 @@ def test_measurements_naming_unknown_ranks_are_ignored() -> None:
 
 def test_links_round_trip_through_their_json() -> None:
     original = (LinkStat(3, 1234.5, 99.25, 0.01, None, 0.25, 4096, False),)
-    assert links.links_from([x.as_json() for x in original], "report") == original
+    assert wire.links_from([x.as_json() for x in original], "report") == original
 
 
 @pytest.mark.parametrize(
@@ -120,6 +120,7 @@ def test_links_round_trip_through_their_json() -> None:
         ({"peer": 1, "up_mbps": "fast", "down_mbps": 1}, "up_mbps"),
         ({"peer": 1, "up_mbps": 1, "down_mbps": float("nan")}, "down_mbps"),
         ({"peer": 1, "up_mbps": 1, "down_mbps": 1e12}, "down_mbps"),
+        ({"peer": 1, "up_mbps": 10**400, "down_mbps": 1}, "up_mbps"),  # past any float
         ({"peer": 1, "up_mbps": 1, "down_mbps": 1, "up_retrans": 2}, "up_retrans"),
         ({"peer": 1, "up_mbps": 1, "down_mbps": 1, "bytes": -5}, "bytes"),
         ({"peer": 1, "up_mbps": 1, "down_mbps": 1, "complete": "yes"}, "complete"),
@@ -127,12 +128,12 @@ def test_links_round_trip_through_their_json() -> None:
 )
 def test_bad_links_from_a_peer_name_the_field(item: object, field: str) -> None:
     with pytest.raises(PeerMessageError, match=re.escape(field)):
-        links.links_from([item], "report")
+        wire.links_from([item], "report")
 
 
 def test_too_many_links_are_refused() -> None:
     with pytest.raises(PeerMessageError, match="at most"):
-        links.links_from([link(1).as_json()] * (links.MAX_LINKS + 1), "report")
+        wire.links_from([link(1).as_json()] * (wire.MAX_LINKS + 1), "report")
 
 
 def test_tcp_info_fields_are_read_at_their_offsets_and_missing_ones_are_none() -> None:
