@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import msgspec
 
@@ -92,63 +93,68 @@ def judge(
     ]
     best_up = max((link.up_mbps for _, link in links), default=0.0)
     best_down = max((link.down_mbps for _, link in links), default=0.0)
-    best = max(best_up, best_down)
-    slow: list[tuple[int, int, float, LinkStat]] = []  # (from, to, mbps, link)
-    lossy: list[tuple[int, int, float, LinkStat]] = []
+    slow: list[_Bad] = []
+    lossy: list[_Bad] = []
     for rank, link in links:
         for src, dst, mbps, top, retrans in (
             (rank, link.peer, link.up_mbps, best_up, link.up_retrans),
             (link.peer, rank, link.down_mbps, best_down, link.down_retrans),
         ):
             if top > 0 and mbps < top * slow_share:
-                slow.append((src, dst, mbps, link))
+                slow.append(_Bad(src, dst, mbps, link, top))
             if retrans is not None and retrans > lossy_share:
-                lossy.append((src, dst, retrans, link))
+                lossy.append(_Bad(src, dst, retrans, link, top))
     degree: dict[int, int] = {}  # rank -> how many distinct measured links it is an end of
     for a, b in {(min(rank, link.peer), max(rank, link.peer)) for rank, link in links}:
         degree[a] = degree.get(a, 0) + 1
         degree[b] = degree.get(b, 0) + 1
-    out: list[Reason] = []
-    out += _warn(slow, degree, hosts, "slow_link", best)
-    out += _warn(lossy, degree, hosts, "lossy_link", best)
-    return out
+    return _warn(slow, degree, hosts, "slow_link") + _warn(lossy, degree, hosts, "lossy_link")
+
+
+class _Bad(NamedTuple):
+    """One bad leg: from, to, its figure (Mbit/s or retransmitted share), the link, and the
+    best leg of its kind it was judged against."""
+
+    src: int
+    dst: int
+    figure: float
+    link: LinkStat
+    best: float
+
+    @property
+    def pair(self) -> tuple[int, int]:
+        return (min(self.src, self.dst), max(self.src, self.dst))
 
 
 def _warn(
-    bad: list[tuple[int, int, float, LinkStat]],
-    degree: Mapping[int, int],
-    hosts: Sequence[str],
-    code: str,
-    best: float,
+    bad: list[_Bad], degree: Mapping[int, int], hosts: Sequence[str], code: str
 ) -> list[Reason]:
     """One warning per bad node (every link of it bad), then one per remaining bad link."""
     links_of: dict[int, set[tuple[int, int]]] = {}
-    for src, dst, _, _ in bad:
-        pair = (min(src, dst), max(src, dst))
-        for end in pair:
-            links_of.setdefault(end, set()).add(pair)
+    for leg in bad:
+        for end in leg.pair:
+            links_of.setdefault(end, set()).add(leg.pair)
     nodes = sorted(n for n, pairs in links_of.items() if len(pairs) >= degree.get(n, 0) >= 2)
     out: list[Reason] = []
     covered: set[tuple[int, int]] = set()
     for node in nodes:
-        figures = [f for src, dst, f, _ in bad if node in (src, dst)]
         covered |= links_of[node]
-        out.append(_node_reason(code, node, hosts, figures, best))
+        legs = [leg for leg in bad if node in (leg.src, leg.dst)]
+        out.append(_node_reason(code, node, hosts, legs))
     seen: set[tuple[int, int]] = set()
-    for src, dst, figure, link in bad:
-        pair = (min(src, dst), max(src, dst))
-        if pair in covered or (src, dst) in seen:
+    for leg in bad:
+        if leg.pair in covered or (leg.src, leg.dst) in seen:
             continue
-        seen.add((src, dst))
-        out.append(_link_reason(code, src, dst, hosts, figure, link, best))
+        seen.add((leg.src, leg.dst))
+        out.append(_link_reason(code, leg, hosts))
     return out
 
 
-def _node_reason(
-    code: str, node: int, hosts: Sequence[str], figures: list[float], best: float
-) -> Reason:
+def _node_reason(code: str, node: int, hosts: Sequence[str], legs: list[_Bad]) -> Reason:
     host = hosts[node]
+    figures = [leg.figure for leg in legs]
     if code == "slow_link":
+        best = max(leg.best for leg in legs)
         span = _span([f"{f:,.1f}" for f in (min(figures), max(figures))], " Mbit/s")
         message = (
             f"every measured link of {host} is slow ({span} against the cluster's best "
@@ -164,29 +170,26 @@ def _node_reason(
     return Reason(code, message, host=host, detail="node", ranks=(node,))
 
 
-def _link_reason(
-    code: str,
-    src: int,
-    dst: int,
-    hosts: Sequence[str],
-    figure: float,
-    link: LinkStat,
-    best: float,
-) -> Reason:
-    rtt = "" if link.rtt_ms is None else f", RTT {link.rtt_ms:.2f} ms"
-    a, b = hosts[src], hosts[dst]
+def _link_reason(code: str, leg: _Bad, hosts: Sequence[str]) -> Reason:
+    rtt = "" if leg.link.rtt_ms is None else f", RTT {_ms(leg.link.rtt_ms)}"
+    a, b = hosts[leg.src], hosts[leg.dst]
     if code == "slow_link":
         message = (
-            f"the link {a} -> {b} carries {figure:,.1f} Mbit/s, the cluster's best links "
-            f"{best:,.0f} Mbit/s{rtt}: the job will run at the speed of its slowest link; "
+            f"the link {a} -> {b} carries {leg.figure:,.1f} Mbit/s, the cluster's best links "
+            f"{leg.best:,.0f} Mbit/s{rtt}: the job will run at the speed of its slowest link; "
             f"check the NICs, cables, switch ports and routes between {a} and {b}"
         )
     else:
         message = (
-            f"{figure:.1%} of the data {a} sent {b} was retransmitted{rtt}: packets are lost "
-            f"between them; check the NICs, cables and switch ports between {a} and {b}"
+            f"{leg.figure:.1%} of the data {a} sent {b} was retransmitted{rtt}: packets are "
+            f"lost between them; check the NICs, cables and switch ports between {a} and {b}"
         )
-    return Reason(code, message, host=b, detail="link", ranks=(src, dst))
+    return Reason(code, message, host=b, detail="link", ranks=(leg.src, leg.dst))
+
+
+def _ms(value: float) -> str:
+    """A round trip as people read it: 0.12 ms, or 4 us below a hundredth of a millisecond."""
+    return f"{value:.2f} ms" if value >= 0.01 else f"{value * 1000:.0f} us"
 
 
 def _span(values: list[str], unit: str) -> str:

@@ -151,3 +151,14 @@ def test_tcp_info_fields_are_read_at_their_offsets_and_missing_ones_are_none() -
     )
     old = tcpinfo.parse(bytes(raw[:136]))  # a kernel of the 4.1 era: bytes acked, no more
     assert old.bytes_acked == 70_000 and old.min_rtt_us is None and old.bytes_sent is None
+
+
+def test_a_slow_leg_is_named_against_the_best_leg_of_its_kind() -> None:
+    # Up legs reach 5,000 Mbit/s here, down legs 1,000: a 20 Mbit/s down leg is judged, and
+    # named, against 1,000.
+    measured = {0: [LinkStat(1, 5000.0, 20.0, rtt_ms=0.004)], 1: [LinkStat(2, 5000.0, 1000.0)]}
+    [warning] = links.judge(measured, HOSTS[:3])
+    assert "the link n1 -> n0 carries 20.0 Mbit/s, the cluster's best links 1,000 Mbit/s" in (
+        warning.message
+    )
+    assert "RTT 4 us" in warning.message
