@@ -301,6 +301,9 @@ BAD_INPUTS = [
     (["--frameworks", "jax"], {"JAX_COORDINATOR_ADDRESS": "main1"}, "'main1' is not host:port"),
     (["--frameworks", "jax", "--set", "JAX_COORDINATOR_ADDRESS=fd00::1:80"], {}, "[fd00::1]:80"),
     (["--jax-port", "0"], {}, "--jax-port"),
+    (["--min-link-mbps", "0"], {}, "--min-link-mbps"),
+    ([], {"RALLYPOINT_MIN_LINK_MBPS": "nan"}, "RALLYPOINT_MIN_LINK_MBPS"),
+    ([], {"RALLYPOINT_THROUGHPUT": "sometimes"}, "RALLYPOINT_THROUGHPUT"),
 ]
 
 
