@@ -15,16 +15,11 @@ import ipaddress
 import random
 import re
 from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING
 
 import msgspec
 
 from rallypoint.links import measured_peers
 from rallypoint.reasons import Reason
-
-if TYPE_CHECKING:
-    # Settings reads TF layouts through tfconfig, which checks host names here.
-    from rallypoint.settings import Settings
 
 #: Sessions up to this many nodes verify every name under scope "auto".
 AUTO_ALL_MAX_NODES = 64
@@ -285,8 +280,17 @@ def master_reason(res: Resolution, *, accept_loopback: bool) -> Reason | None:
     return None
 
 
+class OwnNameRules(msgspec.Struct, frozen=True):
+    """What the judgement of this node's own name takes from the settings, as plain values
+    (Settings.own_name_rules): --strict-self, whether GLOO_SOCKET_IFNAME is served, JAX."""
+
+    strict_self: bool = False
+    emit_ifname: bool = True
+    jax: bool = False
+
+
 def judge_own(
-    res: Resolution, settings: Settings, *, accept_loopback: bool, ifname: str | None
+    res: Resolution, rules: OwnNameRules, *, accept_loopback: bool, ifname: str | None
 ) -> tuple[Reason | None, str | None]:
     """This node's own name: (why it is not ready, or None; a warning for /status, or None).
 
@@ -299,12 +303,12 @@ def judge_own(
     host = res.host
     if res.verdict is not Verdict.LOOPBACK:
         text = f"this node's own name {host} does not check out: {res.detail}"
-        if settings.strict_self:
+        if rules.strict_self:
             return _strict_self(host, res, text), None
         return None, text
     loopback = [address for address in res.addresses if is_loopback(address)]
     where = f"this node's own name {host} resolves to loopback ({', '.join(loopback)})"
-    if settings.strict_self:
+    if rules.strict_self:
         # Stacks that advertise their own resolved name ignore GLOO_SOCKET_IFNAME.
         return _strict_self(
             host, res, f"{where}; map {host} to its cluster address in /etc/hosts"
@@ -314,13 +318,34 @@ def judge_own(
             host,
             loopback,
             detail=res.detail,
-            emit_ifname=settings.emit_ifname is not False,
-            jax="jax" in settings.frameworks,
+            emit_ifname=rules.emit_ifname,
+            jax=rules.jax,
         ), None
     return None, (
         f"{where}; gloo binds {ifname} (GLOO_SOCKET_IFNAME) instead, but stacks that advertise "
         f"their own resolved name would not: map {host} to its cluster address in /etc/hosts"
     )
+
+
+def excuse(
+    res: Resolution, *, accept_loopback: bool, lone: bool = False, ifname: str | None = None
+) -> str | None:
+    """Why ``res`` is fine here though its verdict is not OK; None when it is OK or a problem.
+
+    For a resolution its judge passed (:func:`peer_reason` or :func:`judge_own` gave no
+    reason), so /status can tell a verdict that is no problem from one that is: a lone node
+    has no peer to misroute, accepted loopback means every node shares this host, and an own
+    name on loopback is excused when gloo binds the pinned interface ``ifname`` instead.
+    """
+    if res.verdict is not Verdict.LOOPBACK:
+        return None
+    if lone:
+        return "a single node: no peer dials this name, so loopback is fine"
+    if accept_loopback:
+        return "loopback is accepted: every node of the session runs on this host"
+    if ifname is not None:
+        return f"gloo binds {ifname} (GLOO_SOCKET_IFNAME), not the address of this name"
+    return None
 
 
 def _strict_self(host: str, res: Resolution, text: str) -> Reason:

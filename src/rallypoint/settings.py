@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from rallypoint import tfconfig
+from rallypoint import names, tfconfig
 from rallypoint.errors import ConfigError
 from rallypoint.model import (
     DEFAULT_FRAMEWORKS,
@@ -56,6 +56,9 @@ class Settings(msgspec.Struct, frozen=True):
     resolve_timeout_s: float = 5.0
     resolve_workers: int = 16
     shutdown_grace_s: float = 3.0
+    #: After ready, a keep-alive every this many seconds; a peer silent for 4 of them is
+    #: named down (keepalive.py). 0: no keep-alive.
+    keepalive_s: float = 3.0
 
     # Verification.
     resolve_scope: Scope = "auto"
@@ -103,6 +106,14 @@ class Settings(msgspec.Struct, frozen=True):
 
     def __rich_repr__(self) -> list[tuple[str, Any]]:
         return [(name, getattr(self, name)) for name in self.__struct_fields__ if name != "token"]
+
+    def own_name_rules(self) -> names.OwnNameRules:
+        """What judging this node's own name takes from these settings (names.judge_own)."""
+        return names.OwnNameRules(
+            strict_self=self.strict_self,
+            emit_ifname=self.emit_ifname is not False,
+            jax="jax" in self.frameworks,
+        )
 
     def derive_options(
         self,

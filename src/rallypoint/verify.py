@@ -81,6 +81,14 @@ class Verifier:
         if "jax" in self.ctx.settings.frameworks:
             bound = None  # JAX's gloo reads no GLOO_SOCKET_IFNAME (docs/env-contract.md)
         self_reason, self_warning = self._judge_own(own, bound)
+        if self_reason is None:
+            excused = names.excuse(
+                own,
+                accept_loopback=self.ctx.accept_loopback,
+                lone=spec.nnodes == 1,
+                ifname=bound,
+            )
+            self.ctx.peers.resolved(spec.rank, own, excused=excused)
         if self_reason is not None:
             failures.insert(0, self_reason)
         elif self_warning is not None:
@@ -121,7 +129,8 @@ class Verifier:
     def _judge_own(self, res: Resolution, ifname: str | None) -> tuple[Reason | None, str | None]:
         """judge_own for this node; a lone node has no peer to misroute."""
         accept = self.ctx.accept_loopback or self.ctx.spec.nnodes == 1
-        return names.judge_own(res, self.ctx.settings, accept_loopback=accept, ifname=ifname)
+        rules = self.ctx.settings.own_name_rules()
+        return names.judge_own(res, rules, accept_loopback=accept, ifname=ifname)
 
     def _user_ifname(self) -> str | None:
         user = self.user.get("GLOO_SOCKET_IFNAME")
@@ -133,8 +142,8 @@ class Verifier:
             self.ctx.resolver, member.host, expected, timeout_s=self.ctx.settings.resolve_timeout_s
         )
         self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
-        self.ctx.peers.resolved(member.rank, res)
         reason = self._peer_reason(res)
+        self.ctx.peers.resolved(member.rank, res, excused=self._excuse(res, reason))
         if reason is None:
             self._passed(doc, member.rank, res)
             return res
@@ -152,8 +161,9 @@ class Verifier:
             accept_loopback=self.ctx.accept_loopback,
         )
         self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
-        self.ctx.peers.resolved(member.rank, res)
-        if self._peer_reason(res) is None:
+        reason = self._peer_reason(res)
+        self.ctx.peers.resolved(member.rank, res, excused=self._excuse(res, reason))
+        if reason is None:
             self._passed(doc, member.rank, res)
         return res
 
@@ -163,6 +173,11 @@ class Verifier:
 
     def _peer_reason(self, res: Resolution) -> Reason | None:
         return names.peer_reason(res, accept_loopback=self.ctx.accept_loopback)
+
+    def _excuse(self, res: Resolution, reason: Reason | None) -> str | None:
+        if reason is not None:
+            return None
+        return names.excuse(res, accept_loopback=self.ctx.accept_loopback)
 
     def _master_address(self, doc: ClusterDoc, own: Resolution) -> str | None:
         """The master's verified address: resolved here and reported by the master."""

@@ -65,3 +65,43 @@ def test_no_test_module_imports_another(path: Path) -> None:
         f"{path.relative_to(TESTS)} imports {imported}: move the shared helper to "
         "tests/support/ (or the tier's conftest.py or harness) and import it from there"
     )
+
+
+# --- no import circles among the package's modules ------------------------------------------
+
+SRC = TESTS.parent / "src" / "rallypoint"
+
+
+def rallypoint_imports(path: Path) -> set[str]:
+    """The rallypoint modules a source file imports, type-checking-only imports included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "rallypoint":
+                found |= {f"rallypoint.{alias.name}" for alias in node.names}
+            elif node.module.startswith("rallypoint."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("rallypoint.")}
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    graph = {module_name(p): rallypoint_imports(p) for p in SRC.rglob("*.py")}
+    circles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in sorted(graph.get(module, ())):
+            if target == path[0]:
+                circles.append([*path, target])
+            elif target not in path and target in graph and len(path) < 6:
+                visit(target, [*path, target])
+
+    for module in ("rallypoint.names", "rallypoint.settings", "rallypoint.tfconfig"):
+        visit(module, [module])
+    assert not circles, f"import circles: {circles[:3]}"

@@ -266,7 +266,10 @@ def test_judge_own_without_strict_self_fails_only_on_an_unpinned_loopback(
     verdict: Verdict, accept: bool, ifname: str | None
 ) -> None:
     reason, warning = names.judge_own(
-        _res(verdict, "127.0.1.1"), Settings(), accept_loopback=accept, ifname=ifname
+        _res(verdict, "127.0.1.1"),
+        Settings().own_name_rules(),
+        accept_loopback=accept,
+        ifname=ifname,
     )
     fatal = verdict is Verdict.LOOPBACK and not accept and ifname is None
     assert (reason is not None) is fatal
@@ -274,6 +277,25 @@ def test_judge_own_without_strict_self_fails_only_on_an_unpinned_loopback(
     assert (warning is None) is (
         verdict is Verdict.OK or fatal or (verdict is Verdict.LOOPBACK and accept)
     )
+
+
+@pytest.mark.parametrize(
+    ("verdict", "accept", "lone", "ifname", "needle"),
+    [
+        (Verdict.OK, True, True, "eth0", None),
+        (Verdict.MISMATCH, True, True, "eth0", None),  # a warning at best, never "fine"
+        (Verdict.LOOPBACK, False, False, None, None),  # a problem: self_loopback
+        (Verdict.LOOPBACK, False, True, None, "a single node"),
+        (Verdict.LOOPBACK, True, False, None, "loopback is accepted"),
+        (Verdict.LOOPBACK, False, False, "eth0", "gloo binds eth0 (GLOO_SOCKET_IFNAME)"),
+    ],
+)
+def test_excuse_says_why_a_passed_verdict_is_fine(
+    verdict: Verdict, accept: bool, lone: bool, ifname: str | None, needle: str | None
+) -> None:
+    text = names.excuse(_res(verdict), accept_loopback=accept, lone=lone, ifname=ifname)
+    assert (text is None) is (needle is None)
+    assert text is None or needle in text
 
 
 @pytest.mark.parametrize(
