@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
@@ -92,6 +93,15 @@ def get(base_url: str, path: str, *, timeout_s: float) -> Answer:
 
 def reasons_of(body: str) -> list[str]:
     """The reasons of a 503 answer: the JSON "reasons" list, else the body's first line."""
+    return [_reason(reason) for reason in reason_docs(body)]
+
+
+def reason_docs(body: str) -> list[dict[str, object]]:
+    """The reasons of a 503 answer as the local API gives them ({"code", "message", ...}).
+
+    A JSON body without a "reasons" list gives its "error"; a text body (/readyz) its first
+    line, whose "(+N more, see /status)" becomes a "more" count.
+    """
     try:
         doc = json.loads(body)
     except ValueError:
@@ -99,25 +109,50 @@ def reasons_of(body: str) -> list[str]:
     if isinstance(doc, dict):
         reasons = doc.get("reasons")
         if isinstance(reasons, list) and reasons:
-            return [_reason(reason) for reason in reasons]
+            return [r if isinstance(r, dict) else {"message": str(r)} for r in reasons]
         if isinstance(doc.get("error"), str):
-            return [doc["error"]]
+            return [{"message": doc["error"]}]
     first = body.strip().splitlines()[0] if body.strip() else ""
     first = first.removeprefix("not ready: ")  # /readyz says so already
-    return [first] if first else ["no reason given"]
+    if not first:
+        return [{"message": "no reason given"}]
+    found = _MORE.search(first)
+    if found is None:
+        return [{"message": first}]
+    return [{"message": first[: found.start()], "more": int(found.group(1))}]
 
 
-def _reason(reason: object) -> str:
+#: /readyz's count of the reasons its one line leaves out.
+_MORE = re.compile(r" \(\+(\d+) more, see /status\)$")
+
+
+def _reason(reason: Mapping[str, object]) -> str:
     """One reason of the local API ({"code", "message", ...}) as `code: message`."""
-    if isinstance(reason, dict) and "message" in reason:
-        return f"{reason.get('code', 'not_ready')}: {reason['message']}"
-    return str(reason)
+    code = reason.get("code")
+    return f"{code}: {reason.get('message')}" if code else str(reason.get("message"))
+
+
+def first_reason(reasons: Sequence[Mapping[str, object]]) -> str:
+    """The first reason, with how many more there are and where to read them.
+
+    A reason's message carries its own remedy, so the first one is said whole and the others
+    are only counted: one cause and one remedy per line.
+    """
+    if not reasons:
+        return "no reason given"
+    hidden = len(reasons) - 1
+    more = reasons[0].get("more")
+    if isinstance(more, int):
+        hidden += more
+    tail = f" (+{hidden} more, see `rallypoint status`)" if hidden > 0 else ""
+    return _reason(reasons[0]) + tail
 
 
 def _not_ready(base_url: str, body: str) -> NotReady:
+    docs = reason_docs(body)
     return NotReady(
-        f"the sidecar on {_where(base_url)} is not ready: {'; '.join(reasons_of(body))}"
-        " (see `rallypoint status`)"
+        f"the sidecar on {_where(base_url)} is not ready: {first_reason(docs)}",
+        reasons=tuple(docs),
     )
 
 
@@ -176,12 +211,30 @@ def status(base_url: str, *, timeout_s: float = _MARGIN_S) -> dict[str, object]:
     answer = get(base_url, "/status", timeout_s=timeout_s)
     if answer.status not in (200, 503):
         raise _unexpected(base_url, "/status", answer)
+    return _json_object(base_url, "/status", answer)
+
+
+def mesh(base_url: str, *, timeout_s: float = 3 * _MARGIN_S) -> dict[str, object]:
+    """The mesh from GET /mesh (the master's view); SidecarError saying why when there is none.
+
+    A node other than the master asks the master for it, hence the longer timeout.
+    """
+    answer = get(base_url, "/mesh", timeout_s=timeout_s)
+    if answer.status in (409, 502):
+        raise SidecarError(str(reason_docs(answer.body)[0].get("message", "no mesh")))
+    if answer.status != 200:
+        raise _unexpected(base_url, "/mesh", answer)
+    return _json_object(base_url, "/mesh", answer)
+
+
+def _json_object(base_url: str, path: str, answer: Answer) -> dict[str, object]:
+    """The JSON object an answer carries; SidecarError for anything else."""
     try:
         doc = json.loads(answer.body)
     except ValueError as exc:
-        raise _unexpected(base_url, "/status", answer) from exc
+        raise _unexpected(base_url, path, answer) from exc
     if not isinstance(doc, dict):
-        raise _unexpected(base_url, "/status", answer)
+        raise _unexpected(base_url, path, answer)
     return doc
 
 
@@ -195,12 +248,14 @@ def wait_env(
     poll_s: float = POLL_S,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    watch: Callable[[NotReady | SidecarUnreachable], None] | None = None,
 ) -> str:
     """Block until /env answers 200 and return it; RendezvousTimeout after timeout_s (None: never).
 
     Connection failures are retried with capped exponential backoff, because the sidecar
     may still be starting; a 503 is retried with a long-poll (?wait=) so readiness is
-    seen at once. An answer outside the contract (SidecarError) ends the wait.
+    seen at once. An answer outside the contract (SidecarError) ends the wait. ``watch``
+    is called with every failed round's error, as it happens (progress lines).
     """
     deadline = None if timeout_s is None else clock() + timeout_s
     # No jitter: one process waits for its own sidecar, there is no crowd to spread.
@@ -209,17 +264,20 @@ def wait_env(
     while True:
         remaining = poll_s if deadline is None else deadline - clock()
         if remaining <= 0:
-            raise RendezvousTimeout(
-                f"not ready after {timeout_s}s: {last}; raise --timeout or see `rallypoint status`"
-            )
+            # `last` is a cause with its remedy (a reason's message carries one): nothing added.
+            raise RendezvousTimeout(f"not ready after {timeout_s}s: {last}")
         wait_s = min(remaining, poll_s)
         started = clock()
         try:
             return fetch_env(base_url, fmt, wait_s)
         except SidecarUnreachable as exc:
             last = str(exc)
+            if watch is not None:
+                watch(exc)
         except NotReady as exc:
-            last = str(exc)
+            last = first_reason(exc.reasons)
+            if watch is not None:
+                watch(exc)
             # A server that answered long before the long-poll ended (it ignores ?wait, or
             # it restarted) must not be hammered.
             if clock() - started >= wait_s / 2:

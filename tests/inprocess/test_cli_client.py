@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 import threading
@@ -65,10 +66,56 @@ def test_wait_times_out_with_exit_3_against_a_closed_port() -> None:
     proc = rallypoint("wait", "--local-port", str(port), "--timeout", "0.5")
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout == ""
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1
-    assert lines[0].startswith("error: not ready after 0.5s: ")
-    assert f"no sidecar answers on 127.0.0.1:{port}" in lines[0]
+    said, error = proc.stderr.splitlines()
+    assert said == f"rallypoint: [0.0s] no sidecar answers on 127.0.0.1:{port}: start " \
+        "`rallypoint serve` (or point --url / --local-port at the one that runs)"  # fmt: skip
+    assert error.startswith("error: not ready after 0.5s: ")
+    assert f"no sidecar answers on 127.0.0.1:{port}" in error
+    # One cause and one remedy: the sidecar's own, with no hint added after it.
+    assert error.endswith("(or point --url / --local-port at the one that runs)")
+
+
+def test_wait_quiet_prints_only_the_error_line() -> None:
+    port = free_port()
+    proc = rallypoint("wait", "--local-port", str(port), "--timeout", "0.5", "--quiet")
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith("error: not ready after 0.5s: ")
+    assert proc.stderr.count("\n") == 1
+
+
+def test_wait_says_each_change_then_how_long_it_took(fake: FakeLocalAPI) -> None:
+    result = run(["wait", "--url", fake.url, "--timeout", "30"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == VALUES  # stdout is the env only
+    lines = result.stderr.splitlines()
+    # Two not-ready answers with the same reasons: one line, and the last says the time.
+    assert len(lines) == 2, lines
+    assert re.fullmatch(
+        r"rallypoint: \[\d+\.\ds\] waiting_for_peers: 1 of 2 nodes joined; joined 1/2", lines[0]
+    )
+    assert re.fullmatch(r"rallypoint: ready after \d+\.\ds", lines[1])
+    # The counts come from one /status, fetched when the reasons changed, not every poll.
+    assert fake.paths.count("/status") == 1
+    assert all("wait=1.000" in p for p in fake.paths if p.startswith("/env"))
+
+
+def test_wait_quiet_keeps_long_polls_and_says_nothing(fake: FakeLocalAPI) -> None:
+    result = run(["wait", "--url", fake.url, "--timeout", "30", "--quiet"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    assert "/status" not in fake.paths
+    waits = [float(p.partition("wait=")[2]) for p in fake.paths if p.startswith("/env")]
+    assert min(waits) > 20  # the 30s long-poll, less the time spent
+
+
+def test_wait_times_out_naming_the_first_reason_once() -> None:
+    api = FakeLocalAPI(ready_after=10**6)
+    try:
+        result = run(["wait", "--url", api.url, "--timeout", "0.3", "--quiet"])
+    finally:
+        api.close()
+    assert result.exit_code == 3
+    assert result.stderr == "error: not ready after 0.3s: waiting_for_peers: 1 of 2 nodes joined\n"
 
 
 def test_wait_times_out_with_the_last_reason_when_never_ready() -> None:
@@ -210,9 +257,24 @@ def test_exec_passes_the_commands_exit_code_and_own_options(fake: FakeLocalAPI) 
 def test_exec_of_a_missing_command_exits_127(fake: FakeLocalAPI) -> None:
     proc = rallypoint("exec", "--url", fake.url, "--", "no-such-command-rallypoint")
     assert proc.returncode == 127
-    assert proc.stderr.strip() == (
+    assert proc.stderr.splitlines()[-1] == (
         "error: 'no-such-command-rallypoint' not found: check the command and PATH"
     )
+    assert proc.stderr.splitlines()[-2].startswith("rallypoint: ready after ")
+
+
+def test_exec_quiet_leaves_stderr_to_the_command(fake: FakeLocalAPI) -> None:
+    code = "import sys; print('out'); print('err', file=sys.stderr)"
+    proc = rallypoint("exec", "--quiet", "--url", fake.url, "--", sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert (proc.stdout, proc.stderr) == ("out\n", "err\n")
+
+
+def test_exec_stdout_is_the_commands_alone(fake: FakeLocalAPI) -> None:
+    proc = rallypoint("exec", "--url", fake.url, "--", sys.executable, "-c", "print('out')")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "out\n"
+    assert proc.stderr.splitlines()[-1].startswith("rallypoint: ready after ")
 
 
 # --- the client on its own -------------------------------------------------------------------

@@ -332,6 +332,9 @@ def test_bad_input_exits_2_with_one_line(args: list[str], env: dict[str, str], n
         ["demo", "--nodes", "0"],
         ["peers", "--seconds", "x"],
         ["nosuchcommand"],
+        ["wait", "--bogus"],
+        ["wait", "--quite"],
+        ["status", "--explain=1"],
     ],
 )
 def test_usage_errors_of_other_commands_exit_2(args: list[str]) -> None:
@@ -339,6 +342,8 @@ def test_usage_errors_of_other_commands_exit_2(args: list[str]) -> None:
     assert result.exit_code == 2
     assert len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith("error: ")
+    # One remedy: the value's, click's suggestion or a pointer to --help, never two.
+    assert ("Did you mean" in result.stderr) + ("--help`" in result.stderr) <= 1
 
 
 def test_verbose_adds_the_traceback_for_errors_raised_by_the_command() -> None:

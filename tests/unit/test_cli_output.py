@@ -75,3 +75,28 @@ def test_write_atomic_leaves_no_temporary_file_when_it_fails(
 def test_format_status_tolerates_a_minimal_document() -> None:
     text = cli_status.format_status({"ready": True})
     assert text.split() == ["ready", "yes"]
+
+
+def _peer(**fields: object) -> dict[str, object]:
+    base = {"rank": 0, "host": "n0", "joined": True, "verdict": "loopback"}
+    return {**base, **fields}
+
+
+_LOOPBACK = "n0 resolves to loopback 127.0.1.1; map the name to the node's cluster address"
+
+
+def test_an_excused_verdict_reads_as_fine_and_keeps_its_remedy_for_explain() -> None:
+    doc = {"ready": True, "peers": [_peer(detail=_LOOPBACK, excused="a single node")]}
+    plain = cli_status.format_status(doc)
+    assert "loopback (fine)" in plain
+    assert "map the name" not in plain
+    assert "DETAIL" not in plain  # nothing left to say in it
+    explained = cli_status.format_status(doc, explain=True)
+    assert f"{_LOOPBACK}; fine: a single node" in explained
+
+
+def test_a_verdict_that_is_a_problem_keeps_its_remedy() -> None:
+    doc = {"ready": False, "peers": [_peer(detail=_LOOPBACK, excused=None)]}
+    for text in (cli_status.format_status(doc), cli_status.format_status(doc, explain=True)):
+        assert "(fine)" not in text
+        assert "map the name" in text

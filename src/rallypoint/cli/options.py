@@ -131,5 +131,11 @@ wait_timeout = opt(
     rule=rules.Seconds(allow_zero=True),
     default=300.0,
 )
+quiet_option = opt(
+    "--quiet",
+    "No progress on stderr while waiting (errors are still printed).",
+    is_flag=True,
+    default=False,
+)
 mdns_interfaces = option(specs.MDNS_INTERFACES)
 settings_options = apply(*map(option, specs.SETTINGS))

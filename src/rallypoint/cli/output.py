@@ -90,13 +90,12 @@ class Group(click.Group):
             if hint is None and exc.param is not None:
                 hint = exc.param.get_error_hint(exc.ctx)
             if isinstance(exc, click.MissingParameter) or not hint:
-                text = f"{exc.format_message()} (see `{_command_path(exc)} --help`)"
+                text = _with_help(exc)
             else:
                 text = f"{hint}: {exc.message}"
             code = _fail(text, exc.exit_code)
         except click.UsageError as exc:
-            text = f"{exc.format_message()} (see `{_command_path(exc)} --help`)"
-            code = _fail(text, exc.exit_code)
+            code = _fail(_with_help(exc), exc.exit_code)
         except click.ClickException as exc:
             code = _fail(exc.format_message(), exc.exit_code)
         except click.Abort:
@@ -104,6 +103,14 @@ class Group(click.Group):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def _with_help(exc: click.UsageError) -> str:
+    """A usage error with one remedy: click's own suggestion when it makes one, else --help."""
+    message = exc.format_message()
+    if "Did you mean" in message:
+        return message
+    return f"{message} (see `{_command_path(exc)} --help`)"
 
 
 def _command_path(exc: click.UsageError) -> str:

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,13 +15,17 @@ from rallypoint.cli.options import (
     client_options,
     format_option,
     opt,
+    quiet_option,
     wait_timeout,
     where,
 )
 from rallypoint.cli.output import Command, Unwritable, check_writable, emit, write_atomic_all
 from rallypoint.cli.setup import base_url, setup
-from rallypoint.errors import ConfigError, SidecarError
+from rallypoint.errors import ConfigError, RallypointError, SidecarError
 from rallypoint.settings import Settings
+
+if TYPE_CHECKING:
+    from rallypoint.cli.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
     metavar="FILE",
 )
 @format_option
+@quiet_option
 @client_options
 @click.pass_context
 def wait(
@@ -91,13 +96,51 @@ def wait(
 def _wait(ctx: click.Context, settings: Settings, fmt: str, timeout: float) -> str:
     from rallypoint import client
 
-    return client.wait_env(
-        base_url(ctx, settings),
-        fmt,
-        timeout or None,
-        backoff_initial_s=settings.backoff_initial_s,
-        backoff_max_s=min(settings.backoff_max_s, 1.0),
-    )
+    url = base_url(ctx, settings)
+    progress = None if ctx.params.get("quiet") else _progress(settings, url)
+    try:
+        body = client.wait_env(
+            url,
+            fmt,
+            timeout or None,
+            backoff_initial_s=settings.backoff_initial_s,
+            backoff_max_s=min(settings.backoff_max_s, 1.0),
+            # Shorter long-polls only so the lines can follow the state; quiet waits keep 30s.
+            poll_s=client.POLL_S if progress is None else progress.poll_s,
+            watch=progress,
+        )
+    except BaseException:
+        if progress is not None:
+            progress.stop()
+        raise
+    if progress is not None:
+        progress.ready()
+    return body
+
+
+def _progress(settings: Settings, url: str) -> Progress:
+    import shutil
+
+    from rallypoint import client
+    from rallypoint.cli import progress
+
+    def fetch_status() -> dict[str, object] | None:
+        try:
+            return client.status(url, timeout_s=2.0)
+        except RallypointError:
+            return None  # progress is best effort: the wait itself reports what matters
+
+    def write(text: str) -> None:
+        click.echo(text, err=True, nl=False)
+
+    screen: progress.Screen
+    if settings.log_format == "json":
+        screen = progress.Events()
+    elif sys.stderr.isatty():
+        screen = progress.Terminal(write, lambda: shutil.get_terminal_size().columns)
+    else:
+        screen = progress.Lines(write)
+    return progress.Progress(screen, fetch_status)
 
 
 @click.command(cls=Command)
@@ -136,6 +179,7 @@ def check(ctx: click.Context, /, timeout: float, **_: Any) -> None:
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @wait_timeout
+@quiet_option
 @client_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -160,5 +204,9 @@ def exec_(ctx: click.Context, /, timeout: float, command: tuple[str, ...], **_: 
         click.echo(f"error: {command[0]!r} not found: check the command and PATH", err=True)
         raise click.exceptions.Exit(127) from None
     except OSError as exc:
-        click.echo(f"error: cannot run {command[0]!r}: {exc.strerror or exc}", err=True)
+        click.echo(
+            f"error: cannot run {command[0]!r}: {exc.strerror or exc}:"
+            " check that it is an executable file",
+            err=True,
+        )
         raise click.exceptions.Exit(126) from None
