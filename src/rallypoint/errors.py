@@ -57,7 +57,15 @@ class JoinRejected(PeerMessageError):
 
 
 class PeerDown(Exception):
-    """Raised by the peer client when a peer cannot be reached (refused, reset, timed out)."""
+    """Raised by the peer client when a peer cannot be reached (refused, reset, timed out).
+
+    ``cause`` sorts it for the keep-alive (liveness.CAUSES): refused, timed_out, unreachable
+    or failed.
+    """
+
+    def __init__(self, message: str, *, cause: str = "failed") -> None:
+        super().__init__(message)
+        self.cause = cause
 
     # Not a RallypointError: the rendezvous always catches it and retries, so it never
     # reaches the CLI's exit codes.
@@ -70,9 +78,23 @@ class RendezvousTimeout(RallypointError):
 class NotReady(RallypointError):
     """Raised by clients when the local sidecar answers but is not ready (exit 1)."""
 
+    def __init__(self, message: str, *, reasons: tuple[dict[str, object], ...] = ()) -> None:
+        super().__init__(message)
+        #: The sidecar's reasons as its API gives them ({"code", "message", ...}).
+        self.reasons = reasons
+
 
 class SidecarUnreachable(RallypointError):
     """Raised by clients when nothing answers on the local API address (exit 1)."""
+
+
+class MeshUnavailable(RallypointError):
+    """Raised when a node cannot show the mesh: it has not reached its master yet (409), or
+    asking the master failed (502); ``status`` is the answer the APIs give."""
+
+    def __init__(self, message: str, *, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class SidecarError(RallypointError):

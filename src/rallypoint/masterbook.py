@@ -22,7 +22,7 @@ from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, ClusterSpec, Member
 from rallypoint.reasons import Reason
 
-#: Failure codes a busy window excuses: the job already listens on that port (see _excused).
+#: Failure codes a busy window excuses: the job already listens on that port (see excused).
 _WINDOW_CODES = {
     "master_port_unreachable": "master",
     "jax_port_unreachable": "jax",
@@ -286,7 +286,7 @@ class MasterBook:
             self._as_seen_by_all(rank, reason)
             for rank in sorted(self._failing)
             for reason in self.reports[rank].failures
-            if not self._excused(reason)
+            if not self.excused(reason)
         ]
         blocked = self._blocked()
         verified = not blocked and not failures
@@ -333,7 +333,7 @@ class MasterBook:
             for rank in self._unpassed
             if rank not in self.reports
             or not self.reports[rank].failures
-            or any(not self._excused(r) for r in self.reports[rank].failures)
+            or any(not self.excused(r) for r in self.reports[rank].failures)
         }
 
     def _pending(self) -> tuple[int, ...]:
@@ -352,7 +352,7 @@ class MasterBook:
             self._mtus[new] = self._mtus.get(new, 0) + 1
         return len(self._mtus) != kinds or (len(self._mtus) > 1)
 
-    def _excused(self, reason: Reason) -> bool:
+    def excused(self, reason: Reason) -> bool:
         """A probe of a master or TF port answered by something else, where the port's node
         reported that the job itself already listens there (its window was busy)."""
         kind = _WINDOW_CODES.get(reason.code)

@@ -195,6 +195,17 @@ class Metrics:
             "rallypoint_clock_offset_seconds",
             "This node's clock minus the master's, as last measured (0 on the master)",
         )
+        # -- liveness after ready (keepalive.py) --
+        self.peer_up = Family(
+            "gauge",
+            "rallypoint_peer_up",
+            "1 while a peer answers keep-alives (directly or as the master reports), 0 once "
+            "named down; above 256 nodes only peers that were down have a series",
+            "peer",
+        )
+        self.peers_down = Family(
+            "gauge", "rallypoint_peers_down", "How many peers this node names down right now"
+        )
         self._request_children: dict[tuple[str, str, int], Sample] = {}
         #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).
         self.mdns_rejections: Callable[[], Mapping[str, int]] = dict

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import json
 import logging
@@ -12,7 +13,7 @@ from collections.abc import Callable, Mapping
 import aiohttp
 import msgspec
 
-from rallypoint import clock, wire, wireclock
+from rallypoint import clock, mesh, wire, wirealive, wireclock
 from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc
@@ -113,6 +114,21 @@ class PeerClient:
         )
         return None if answer is None else wire.parse_cluster_doc(answer[0])
 
+    async def get_mesh(self, target: tuple[str, int]) -> dict[str, object]:
+        """GET /v1/mesh: the master's mesh view (mesh.py), through a relay in a tree."""
+        answer = await self._request(
+            "GET",
+            target,
+            "/v1/mesh",
+            "GET /v1/mesh",
+            b"",
+            mesh.MAX_BYTES,
+            aiohttp.ClientTimeout(2 * self.settings.resolve_timeout_s),
+        )
+        if answer is None:
+            raise PeerMessageError("GET /v1/mesh answered 204 without a mesh")
+        return mesh.parse(answer[0])
+
     async def post_report(self, target: tuple[str, int], body: bytes) -> wire.Verdict:
         """POST /v1/report, a long-poll: the master's verdict once it differs from the one seen.
 
@@ -184,7 +200,7 @@ class PeerClient:
                     payload = await _read_limited(resp, limit)
                     status, answer_headers = resp.status, resp.headers
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                raise PeerDown(_describe(exc)) from exc
+                raise PeerDown(_describe(exc), cause=_cause(exc)) from exc
             if status == 204:
                 return None
             exchange = Exchange(sent, self.offsets.wall(), headers.get(NONCE_HEADER))
@@ -282,6 +298,17 @@ class PeerClient:
         ours = exc.skew_s if exc.reason == "refused" else -exc.skew_s
         return AuthError(str(exc), reason=exc.reason, skew_s=ours)
 
+    async def post_alive(
+        self, target: tuple[str, int], body: bytes, timeout_s: float
+    ) -> wirealive.AliveAnswer:
+        """POST /v1/alive, a keep-alive; PeerDown (with its cause), JoinRejected, AuthError or
+        PeerMessageError when it fails."""
+        payload, _exchange = await self._signed_post(
+            target, "/v1/alive", body, wirealive.MAX_ANSWER_BYTES, timeout_s,
+            connect_s=timeout_s,
+        )  # fmt: skip
+        return wirealive.parse_answer(payload)
+
     async def post_poke(self, target: tuple[str, int], body: bytes, timeout_s: float) -> bool:
         """POST /v1/poke; whether the worker accepted it, PeerDown when it was not reached."""
         headers = {"Content-Type": "application/json"}
@@ -343,6 +370,27 @@ async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
         if len(payload) > limit:
             raise PeerMessageError(f"answer larger than {limit} bytes")
     return bytes(payload)
+
+
+#: Connect errors that mean no path to the peer at all, rather than a peer saying no.
+_UNREACHABLE = frozenset(
+    {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL, errno.EHOSTDOWN, errno.ENETDOWN}
+)
+
+
+def _cause(exc: BaseException) -> str:
+    """What a failed request says of the peer (liveness.CAUSES)."""
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return "timed_out"
+    os_error = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    if isinstance(os_error, OSError):
+        if os_error.errno == errno.ECONNREFUSED:
+            return "refused"
+        if os_error.errno in _UNREACHABLE:
+            return "unreachable"
+        if os_error.errno == errno.ETIMEDOUT:
+            return "timed_out"
+    return "failed"
 
 
 def _describe(exc: BaseException) -> str:

@@ -24,6 +24,8 @@ class PeerState(msgspec.Struct):
     relay: int | None = None
     in_scope: bool = False
     resolution: Resolution | None = None
+    #: Why a resolution whose verdict is not OK is no problem here (names.excuse), or None.
+    excused: str | None = None
 
 
 class PeerTable:
@@ -72,9 +74,11 @@ class PeerTable:
         for peer in self._peers.values():
             peer.in_scope = peer.rank in wanted
 
-    def resolved(self, rank: int, res: Resolution) -> None:
-        """The latest resolution of ``rank``'s name here."""
-        self._peers[rank].resolution = res
+    def resolved(self, rank: int, res: Resolution, *, excused: str | None = None) -> None:
+        """The latest resolution of ``rank``'s name here, and why it is fine if not OK."""
+        peer = self._peers[rank]
+        peer.resolution = res
+        peer.excused = excused
 
     def in_scope(self) -> list[int]:
         """The ranks in scope of the last verification, in order."""

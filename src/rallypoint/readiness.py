@@ -33,6 +33,8 @@ class Readiness:
         #: Warnings fixed at start (no token ...) and from the last verification.
         self.static_warnings: list[str] = []
         self.verify_warnings: list[str] = []
+        #: Peers named down after ready (keepalive.py); the env stays served meanwhile.
+        self.liveness_warnings: list[str] = []
         #: Set while a ready worker cannot reach its master (ready stays: see readiness.md).
         self.master_problem: Reason | None = None
         self._ready = False
@@ -88,18 +90,32 @@ class Readiness:
 
     def warnings(self) -> list[str]:
         env_warnings = list(self.env.warnings) if self.env is not None else []
-        return [*self.static_warnings, *self.verify_warnings, *env_warnings]
+        return [
+            *self.static_warnings,
+            *self.verify_warnings,
+            *env_warnings,
+            *self.liveness_warnings,
+        ]
 
     @property
     def env_waiters(self) -> int:
         """How many wait_ready calls (GET /env?wait) are waiting right now."""
         return self._waiters
 
-    async def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until ready, shutting down or ``timeout_s`` passed; whether the node is ready."""
+    @property
+    def shutting_down(self) -> bool:
+        """True once begin_shutdown ran: the node will not turn ready again."""
+        return self._shutting_down
+
+    async def wait_ready(self, timeout_s: float, *, client: bool = True) -> bool:
+        """Wait until ready, shutting down or ``timeout_s`` passed; whether the node is ready.
+
+        A ``client`` wait (GET /env?wait) counts in env_waiters; the sidecar's own do not.
+        """
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
-        self._waiters += 1
+        counted = 1 if client else 0
+        self._waiters += counted
         try:
             while not self._ready and not self._shutting_down:
                 remaining = end - loop.time()
@@ -108,7 +124,7 @@ class Readiness:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), remaining)
         finally:
-            self._waiters -= 1
+            self._waiters -= counted
         return self._ready
 
     def begin_shutdown(self) -> None:

@@ -22,12 +22,23 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import overload
 
-from rallypoint import connectivity, fanout, probe, status, wire, wirebatch, wirefields
+from rallypoint import (
+    connectivity,
+    fanout,
+    liveness,
+    probe,
+    status,
+    wire,
+    wirealive,
+    wirebatch,
+    wirefields,
+)
 from rallypoint.auth import Authenticator
 from rallypoint.clock import ClockEstimate, sender_host, with_facts
-from rallypoint.clustercheck import Transport, http_transport, local_transport
+from rallypoint.clustercheck import Transport, cancel_quietly, http_transport, local_transport
 from rallypoint.context import NodeContext
-from rallypoint.errors import JoinRejected
+from rallypoint.errors import AuthError, JoinRejected, MeshUnavailable, PeerDown, PeerMessageError
+from rallypoint.keepalive import Keepalive
 from rallypoint.lifecycle import AsyncResource
 from rallypoint.master import Master, poke_host
 from rallypoint.masterbook import EncodedDoc, MasterBook
@@ -98,6 +109,8 @@ class Rendezvous(AsyncResource):
         #: This node's group service when it relays for a group of ranks (fanout.py).
         self.relay: Relay | None = None
         self.verification: Verification | None = None
+        #: After ready, the keep-alives that name a peer gone (None: --keepalive 0).
+        self.keepalive: Keepalive | None = None
         #: What the master, worker and verification share (once the spec is known).
         self.ctx: NodeContext | None = None
         self.peers = PeerTable(spec)
@@ -105,7 +118,10 @@ class Rendezvous(AsyncResource):
         self.on_generation: list[Callable[[ClusterDoc], None]] = []
         #: Extra /status sections, e.g. "mdns".
         self.status_sections: dict[str, Callable[[], object]] = {
-            "mdns": lambda: {"enabled": False, "error": None}
+            "mdns": lambda: {"enabled": False, "error": None},
+            "liveness": lambda: liveness.status(
+                None if self.keepalive is None else self.keepalive.watch, self.offsets.wall
+            ),
         }
         self._poked = asyncio.Event()
         #: This node's clock offset to the master (clock.py); the Authenticator's clock.
@@ -219,6 +235,9 @@ class Rendezvous(AsyncResource):
         )
         if self.book is not None:
             self.master = Master(self.book, self.ctx, documents=self.verification)
+        if self.settings.keepalive_s > 0:
+            watch = liveness.Watch(spec.hosts, spec.rank, self.settings.keepalive_s)
+            self.keepalive = Keepalive(self.ctx, watch)
         size = fanout.group_size(spec.nnodes, self.settings.relay_group_size)
         if fanout.group(spec.rank, size, spec.nnodes):
             ctx = self.ctx
@@ -232,10 +251,23 @@ class Rendezvous(AsyncResource):
         if self.windows is not None:
             # Open before anyone can hold our document: the first probes find them open.
             await self.windows.open()
-        if self.master is not None:
-            await self.master.run(self._own_member())
-        else:
-            await self._run_worker()
+        keeping = None if self.keepalive is None else asyncio.create_task(self.keepalive.run())
+        if keeping is not None:
+            keeping.add_done_callback(self._keepalive_ended)
+        try:
+            if self.master is not None:
+                await self.master.run(self._own_member())
+            else:
+                await self._run_worker()
+        finally:
+            await cancel_quietly(keeping)
+
+    def _keepalive_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("keepalive_crashed", extra={"error": repr(exc)}, exc_info=exc)
+        self.fail(Reason("internal_error", f"the keep-alive stopped: {exc!r}; see the log"))
 
     async def _run_worker(self) -> None:
         relay = self.relay
@@ -342,6 +374,28 @@ class Rendezvous(AsyncResource):
             sections=self.status_sections,
         )
 
+    async def mesh(self) -> dict[str, object]:
+        """The mesh (mesh.py): the master's own view; elsewhere asked of the master (or relay).
+
+        MeshUnavailable before this node reached its master (409) or when the ask fails (502).
+        """
+        if self.book is not None:
+            return status.mesh_view(self.book, self.settings)
+        target = self.master_target
+        if target is None:
+            raise MeshUnavailable(
+                "this node has not reached its master yet, and the mesh is the master's "
+                "view: ask again once it joined (`rallypoint status` says why it has not)"
+            )
+        try:
+            return await self._peer_client.get_mesh(target)
+        except (PeerDown, JoinRejected, AuthError, PeerMessageError) as exc:
+            raise MeshUnavailable(
+                f"cannot get the mesh from the master {self.spec.master}: {exc}; is its sidecar "
+                "running? (`rallypoint status --mesh` on the master shows it directly)",
+                status=502,
+            ) from exc
+
     # -- the peer API's requests -------------------------------------------------------------
 
     async def handle_join(self, request: wire.JoinRequest, remote: str | None) -> wire.JoinAnswer:
@@ -374,6 +428,16 @@ class Rendezvous(AsyncResource):
     async def handle_reports(self, batch: wirebatch.ReportBatch) -> wire.Verdict:
         """Record a relay's batch of reports (master only); the verdict, as for one report."""
         return await self._require_master().handle_reports(batch)
+
+    def handle_alive(self, alive: wirealive.Alive) -> wirealive.AliveAnswer:
+        """A peer's keep-alive after ready: noted, and this node's view of who is down."""
+        if not self._spec_known.is_set():
+            raise JoinRejected(
+                503, "discovering", "this node has not finished mDNS discovery; retry shortly"
+            )
+        if self.keepalive is None:  # --keepalive 0 here: nothing watched, nothing to say
+            return wirealive.AliveAnswer(self.spec.session, self.spec.rank, (), 0)
+        return self.keepalive.answer(alive)
 
     def wake(self) -> None:
         """Cut a worker's join backoff short (mDNS saw the master change): re-join now."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from rallypoint import wire
+from rallypoint import mesh, wire
 from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterSpec, OverrideSource
 from rallypoint.peers import PeerState, PeerTable
@@ -111,6 +111,7 @@ def peer_json(peer: PeerState) -> dict[str, object]:
         "relay": peer.relay,
         "verified": peer.in_scope,
         "verdict": None if res is None else str(res.verdict),
+        "excused": peer.excused,
         "resolved": [] if res is None else list(res.addresses),
         "detail": None if res is None else res.detail,
         "attempts": 0 if res is None else res.attempts,
@@ -164,3 +165,15 @@ def _clock(report: wire.Report) -> dict[str, object]:
         "clock_rtt_s": None if facts is None else round(facts.rtt_s, 6),
         "clock_source": None if facts is None else facts.source,
     }
+
+
+def mesh_view(book: MasterBook, settings: Settings) -> dict[str, object]:
+    """The master's mesh of the current generation (mesh.py), for GET /mesh and /v1/mesh."""
+    spec, doc = book.spec, book.doc
+    return mesh.view(
+        hosts=spec.hosts,
+        generation=None if doc is None else doc.generation,
+        reports=book.reports,
+        scope=mesh.scope_of(spec.nnodes, settings.resolve_scope, spec.session),
+        excused=book.excused,
+    )

@@ -162,8 +162,10 @@ class Worker:
                 self.ctx.resolver, master, None, timeout_s=self.ctx.settings.resolve_timeout_s
             )
             self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
-            self.ctx.peers.resolved(0, res)
-            problem = names.master_reason(res, accept_loopback=self.ctx.accept_loopback)
+            accept = self.ctx.accept_loopback
+            problem = names.master_reason(res, accept_loopback=accept)
+            excused = None if problem else names.excuse(res, accept_loopback=accept)
+            self.ctx.peers.resolved(0, res, excused=excused)
             if problem is None:
                 problem = Reason("master_unreachable", f"no address of {master}", host=master)
                 for address in res.addresses:

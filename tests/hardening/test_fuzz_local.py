@@ -25,6 +25,7 @@ ALLOWED = {
     "/readyz": (200, 503, *PROTOCOL),
     "/livez": (200, *PROTOCOL),
     "/status": (200, *PROTOCOL),
+    "/mesh": (200, 409, 502, *PROTOCOL),
     "/metrics": (200, *PROTOCOL),
 }
 ROUTES = sorted(ALLOWED)

@@ -78,6 +78,7 @@ def exercise(serve: SecretServe) -> tuple[list[tuple[str, Reply]], list[tuple[st
             "/readyz",
             "/livez",
             "/status",
+            "/mesh",
             "/metrics",
             "/nope",
         )

@@ -94,6 +94,15 @@ def test_wait_env_check_status_against_a_real_sidecar(served: Served) -> None:
     status = rallypoint("status", "--local-port", port)
     assert status.returncode == 0, status.stderr
     assert ["ready", "yes"] in [line.split() for line in status.stdout.splitlines()]
+    # A healthy single node: its loopback name is no problem, so no remedy and no alarm.
+    row = next(line for line in status.stdout.splitlines() if line.startswith("0 "))
+    assert "loopback (fine)" in row
+    assert "map the name" not in status.stdout
+    doc = json.loads(rallypoint("status", "--local-port", port, "--json").stdout)
+    assert doc["peers"][0]["verdict"] == "loopback"
+    assert doc["peers"][0]["excused"].startswith("a single node")
+    explained = rallypoint("status", "--local-port", port, "--explain")
+    assert "fine: a single node: no peer dials this name" in explained.stdout
 
 
 def test_exec_sees_the_served_env(served: Served) -> None:

@@ -19,28 +19,8 @@ from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from tests.conftest import require
 from tests.support.cluster import Cluster, all_ready, codes, until
+from tests.support.steered import FAST, Steered, closed_port, start_steered
 from tests.support.tcpstore import run_tcpstore, torch_available
-
-
-class Steered(Cluster):
-    """A Cluster whose probes from one rank to one host can be redirected."""
-
-    def __init__(self, n: int, **kwargs: object) -> None:
-        super().__init__(n, **kwargs)  # type: ignore[arg-type]
-        #: (source rank, target host, kind or None for every port) -> (address, port)
-        self.detours: dict[tuple[int, str], tuple[str, int]] = {}
-
-    def route_for(self, rank: int) -> probe.ProbeRoute:
-        def route(host: str, _address: str, port: int) -> tuple[str, int]:
-            return self.detours.get((rank, host), ("127.0.0.1", port))
-
-        return route
-
-
-async def start_steered(c: Steered) -> None:
-    for rank in range(c.n):
-        c.route = c.route_for(rank)  # type: ignore[method-assign]
-        await c.start(rank)
 
 
 @pytest.fixture
@@ -77,15 +57,6 @@ async def stranger() -> AsyncIterator[tuple[str, int]]:
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     yield "127.0.0.1", server.sockets[0].getsockname()[1]
     server.close()
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-FAST = {"probe_timeout_s": 0.3}
 
 
 def reasons_of(c: Cluster, code: str) -> dict[int, list[str]]:

@@ -47,6 +47,17 @@ async def test_ready_wakes_waiters_and_records_the_first_time() -> None:
     assert await readiness.wait_ready(0.01) is False
 
 
+async def test_the_sidecars_own_waits_are_not_counted_as_env_waiters() -> None:
+    readiness = make(Clock())
+    own = asyncio.create_task(readiness.wait_ready(5.0, client=False))
+    client = asyncio.create_task(readiness.wait_ready(5.0))
+    await asyncio.sleep(0)
+    assert readiness.env_waiters == 1
+    readiness.become_ready(Env(values=(("RANK", "0"),)), "g.1")
+    assert await own is True and await client is True
+    assert readiness.env_waiters == 0
+
+
 async def test_shutdown_is_final_and_ends_the_waits() -> None:
     readiness = make(Clock())
     waiter = asyncio.create_task(readiness.wait_ready(5.0))

@@ -527,7 +527,7 @@ def test_own_name_judgement(
     needles: tuple[str, ...],
 ) -> None:
     reason, warning = judge_own(
-        own, fast_settings(**changes), accept_loopback=accept, ifname=ifname
+        own, fast_settings(**changes).own_name_rules(), accept_loopback=accept, ifname=ifname
     )
     assert (reason.code if reason else None) == code
     if reason is not None:

@@ -214,7 +214,7 @@ async def test_peer_requests_need_a_signature_when_a_token_is_set(
     node = await make_node(nnodes=2, token="t0ken", long_poll_s=0.2)
     peer = await aiohttp_client(peer_app(node))
     signer = Authenticator("t0ken")
-    for path in ("/v1/ready", "/v1/cluster"):
+    for path in ("/v1/ready", "/v1/cluster", "/v1/mesh"):
         resp = await peer.get(path)
         assert resp.status == 401
         await checked(resp, "GET", path)
@@ -224,7 +224,7 @@ async def test_peer_requests_need_a_signature_when_a_token_is_set(
     resp = await peer.post("/v1/join", data=body, headers=signer.sign("POST /v1/join", body))
     payload = await checked(resp, "POST", "/v1/join")
     signer.verify("200 /v1/join", payload, resp.headers)
-    assert node.metrics.value("rallypoint_auth_failures_total", reason="unsigned") == 2
+    assert node.metrics.value("rallypoint_auth_failures_total", reason="unsigned") == 3
 
 
 async def test_local_api_is_not_reachable_on_other_addresses() -> None:

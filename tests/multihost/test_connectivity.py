@@ -10,7 +10,10 @@ ports) and a torch gloo all-reduce runs on the same hosts with the env the sidec
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,8 +64,32 @@ def test_a_cut_worker_pair_is_not_ready_everywhere_and_the_job_fails(
         assert {"sub1", "sub2"} <= {*reason["message"].split()[:5], reason["host"]}, reason
         assert reason["detail"] in {"timeout", "no_route", "error"}, reason
     assert not any(node.is_ready() for node in cluster)
+    # The mesh, asked on a worker (which fetches the master's view): the cut pair both ways,
+    # every other pair passed.
+    ranks = {node.name: rank_of(cluster, node.name) for node in cluster}
+    mesh = wait_mesh(cluster["sub1"], failed=2)
+    cut = {(ranks["sub1"], ranks["sub2"]), (ranks["sub2"], ranks["sub1"])}
+    for a, row in enumerate(mesh["matrix"]):
+        for b, mark in enumerate(row):
+            want = "\\" if a == b else ("T", "N", "E") if (a, b) in cut else (".",)
+            assert mark in want, (a, b, mark, mesh["matrix"])
+    text = cluster["sub2"].run([sys.executable, "-m", "rallypoint", "status", "--mesh"])
+    assert text.returncode == 1, text
+    assert "4 passed, 2 failed" in text.stdout, text.stdout
     results = run_job(cluster, torch_script)
     assert not job_completed(results), results
+
+
+def wait_mesh(node: harness.Node, *, failed: int, timeout_s: float = READY_S) -> dict[str, Any]:
+    """GET /mesh on ``node`` until every node reported and ``failed`` pairs failed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reply = node.try_get("/mesh")
+        mesh = reply.json() if reply is not None and reply.status == 200 else None
+        if mesh and mesh["reported"] == mesh["nnodes"] and mesh["counts"]["failed"] == failed:
+            return dict(mesh)
+        assert time.monotonic() < deadline, mesh
+        time.sleep(0.2)
 
 
 def test_the_master_port_dropped_by_a_firewall_is_not_ready(

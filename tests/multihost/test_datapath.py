@@ -92,9 +92,10 @@ def test_a_shaped_link_is_ready_with_the_slow_node_named_and_the_job_completes(
         named = [w for w in node.status()["warnings"] if "every measured link of sub2" in w]
         assert named and "is slow" in named[0], (node.name, node.status()["warnings"])
     warnings = master_view(cluster)["link_warnings"]
-    # A shaper also drops what overflows its queue: a lossy_link warning may come with it.
+    # A shaper also drops what overflows its queue: a lossy_link warning may come with it,
+    # for sub2 or for one of its links (named by its other end). Every warning is sub2's.
     assert ("slow_link", "sub2", "node") in {(w["code"], w["host"], w["detail"]) for w in warnings}
-    assert {w["host"] for w in warnings} == {"sub2"}, warnings
+    assert all(w["host"] == "sub2" or "sub2" in w["message"] for w in warnings), warnings
     results = run_job(cluster, torch_script, served, args=("--mib", "2", "--steps", "3"))
     assert job_completed(results), results
 

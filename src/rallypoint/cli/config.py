@@ -13,12 +13,20 @@ from rallypoint.settings import Settings
 
 #: Option names whose Settings field counts seconds (the field carries an `_s`).
 _SECONDS = frozenset(
-    {"deadline", "backoff_initial", "backoff_max", "long_poll", "resolve_timeout", "probe_timeout"}
+    {
+        "deadline",
+        "backoff_initial",
+        "backoff_max",
+        "long_poll",
+        "resolve_timeout",
+        "probe_timeout",
+        "keepalive",
+    }
 )
 #: Options that are not Settings fields, or need more than a rename.
 _NOT_FIELDS = frozenset(
     {"token_file", "url", "fmt", "timeout", "out", "hostfile", "as_json", "seconds", "nodes"}
-    | {"command", "local_hosts", "mdns_interfaces"}
+    | {"command", "local_hosts", "mdns_interfaces", "quiet", "explain", "mesh", "show_all"}
 )
 
 

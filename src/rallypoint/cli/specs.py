@@ -114,6 +114,8 @@ SETTINGS = (
          default=_S.backoff_max_s),
     Spec("--long-poll", "Seconds a cluster long-poll stays open.", rule=_SECONDS,
          default=_S.long_poll_s),
+    Spec("--keepalive", "After ready, seconds between keep-alives; a peer silent for 4 is "
+         "named down (0: off).", rule=rules.Seconds(allow_zero=True), default=_S.keepalive_s),
     Spec("--resolve-timeout", "Seconds for one name lookup.", rule=_SECONDS,
          default=_S.resolve_timeout_s),
     Spec("--resolve-scope", "Peer names to verify (auto: all up to 64 nodes, else a sample).",

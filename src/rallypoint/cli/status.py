@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,9 @@ from rallypoint.cli import rules
 from rallypoint.cli.options import client_options, logging_options, mdns_interfaces, opt
 from rallypoint.cli.output import EXIT_FAILED, Command, cell, table
 from rallypoint.cli.setup import base_url, setup
+
+#: Above this many peers the table lists only those with problems (and counts the rest).
+SUMMARY_ABOVE = 64
 
 
 @click.command(cls=Command)
@@ -23,18 +27,50 @@ from rallypoint.cli.setup import base_url, setup
     is_flag=True,
     default=False,
 )
+@opt(
+    "--explain",
+    "Also say why a verdict that is no problem here is fine (DETAIL column).",
+    is_flag=True,
+    default=False,
+)
+@opt(
+    "--mesh",
+    "Show the pair matrix of the connection checks (the master's view; "
+    "any node asks the master); exit 1 unless every node passed.",
+    envvar="RALLYPOINT_STATUS_MESH",
+    is_flag=True,
+    default=False,
+)
+@opt(
+    "--all",
+    f"List every peer, also above {SUMMARY_ABOVE} nodes (where only problems are listed).",
+    dest="show_all",
+    envvar="RALLYPOINT_STATUS_ALL",
+    is_flag=True,
+    default=False,
+)
 @client_options
 @click.pass_context
-def status(ctx: click.Context, /, as_json: bool, **_: Any) -> None:
+def status(
+    ctx: click.Context, /, as_json: bool, explain: bool, mesh: bool, show_all: bool, **_: Any
+) -> None:
     """The cluster as this sidecar sees it; exit 1 when not ready."""
     settings, _environ = setup(ctx)
     from rallypoint import client
 
+    if mesh:
+        from rallypoint.cli.meshview import format_mesh, mesh_ok
+
+        view = client.mesh(base_url(ctx, settings))
+        click.echo(json.dumps(view, indent=2, sort_keys=True) if as_json else format_mesh(view))
+        if not mesh_ok(view):
+            raise click.exceptions.Exit(EXIT_FAILED)
+        return
     doc = client.status(base_url(ctx, settings))
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
-        click.echo(format_status(doc))
+        click.echo(format_status(doc, explain=explain, show_all=show_all))
     if not doc.get("ready"):
         raise click.exceptions.Exit(EXIT_FAILED)
 
@@ -42,8 +78,13 @@ def status(ctx: click.Context, /, as_json: bool, **_: Any) -> None:
 _PEER_COLUMNS = ("rank", "host", "joined", "addresses", "tf_port", "verdict", "resolved", "detail")
 
 
-def format_status(doc: Mapping[str, Any]) -> str:
-    """A readable rendering of a /status document (the --json form carries everything)."""
+def format_status(doc: Mapping[str, Any], *, explain: bool = False, show_all: bool = False) -> str:
+    """A readable rendering of a /status document (the --json form carries everything).
+
+    A verdict the sidecar excused (no problem on this node) reads `VERDICT (fine)` and
+    keeps its detail, with the remedy it no longer needs, for ``explain``. Above
+    SUMMARY_ABOVE peers the table lists the peers with problems only, unless ``show_all``.
+    """
     spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
     assert isinstance(spec, dict)
     head: list[tuple[str, object]] = [("ready", bool(doc.get("ready")))]
@@ -65,7 +106,14 @@ def format_status(doc: Mapping[str, Any]) -> str:
         head.append(("auth", "on" if auth.get("enabled") else "off"))
     width = max(len(key) for key, _value in head)
     out = [f"{key.ljust(width)}  {cell(value)}" for key, value in head]
-    peers = [peer for peer in doc.get("peers") or () if isinstance(peer, dict)]
+    peers = [p for p in doc.get("peers") or () if isinstance(p, dict)]
+    if len(peers) > SUMMARY_ABOVE and not show_all:
+        peers_all, counts = peers, Counter(peer_state(p) for p in peers)
+        said = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=_by_count))
+        peers = [p for p in peers if peer_state(p) in PROBLEM_STATES]
+        which = "these have" if peers else "none has"
+        out += ["", f"peers: {len(peers_all)} ({said}); {which} a problem (--all lists all)"]
+    peers = [_excused(p, explain) for p in peers]
     if peers:
         columns = [c for c in _PEER_COLUMNS if any(peer.get(c) is not None for peer in peers)]
         rows = [[cell(peer.get(c)) for c in columns] for peer in peers]
@@ -79,6 +127,38 @@ def format_status(doc: Mapping[str, Any]) -> str:
         if items:
             out += ["", f"{title}:"] + [f"  - {item}" for item in items]
     return "\n".join(out)
+
+
+#: The peer states that are a problem: the summary lists these peers.
+PROBLEM_STATES = frozenset({"not joined", "checking", "failed"})
+
+
+def peer_state(peer: Mapping[str, Any]) -> str:
+    """One peer row's state for the summary: ok, fine, not checked here, or a problem."""
+    if not peer.get("joined"):
+        return "not joined"
+    if peer.get("verified") is False:
+        return "not checked here"  # outside this node's scope (names.scope_ranks)
+    verdict = peer.get("verdict")
+    if verdict is None:
+        return "checking"
+    if verdict == "ok":
+        return "ok"
+    return "fine" if peer.get("excused") else "failed"
+
+
+def _by_count(item: tuple[str, int]) -> tuple[int, str]:
+    return (-item[1], item[0])
+
+
+def _excused(peer: dict[str, Any], explain: bool) -> dict[str, Any]:
+    """A peer row whose excused verdict reads as fine: the remedy only with ``explain``."""
+    excused = peer.get("excused")
+    if not excused:
+        return peer
+    detail = f"{peer['detail']}; fine: {excused}" if peer.get("detail") else f"fine: {excused}"
+    verdict = f"{peer.get('verdict')} (fine)"
+    return {**peer, "verdict": verdict, "detail": detail if explain else None}
 
 
 def _reason(reason: object) -> str:

@@ -1,4 +1,5 @@
-"""The local API (loopback only by default): /env, /hostfile, /readyz, /livez, /status, /metrics."""
+"""The local API (loopback only by default): /env, /hostfile, /readyz, /livez, /status, /mesh,
+/metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 from aiohttp import web
 
 from rallypoint import hostfile, render
-from rallypoint.errors import HostfileError
+from rallypoint.errors import HostfileError, MeshUnavailable
 from rallypoint.metrics import content_type
 from rallypoint.model import Env
 from rallypoint.reasons import Reason
@@ -21,7 +22,7 @@ MAX_WAIT_S = 300.0
 
 
 def local_app(node: Rendezvous) -> web.Application:
-    """The local API: /env, /hostfile, /readyz, /livez, /status, /metrics."""
+    """The local API: /env, /hostfile, /readyz, /livez, /status, /mesh, /metrics."""
     return api_app(
         node,
         "local",
@@ -32,6 +33,7 @@ def local_app(node: Rendezvous) -> web.Application:
             web.get("/readyz", _readyz),
             web.get("/livez", _livez),
             web.get("/status", _status),
+            web.get("/mesh", _mesh),
             web.get("/metrics", _metrics),
         ],
     )
@@ -120,6 +122,16 @@ async def _livez(request: web.Request) -> web.Response:
 
 async def _status(request: web.Request) -> web.Response:
     return web.json_response(request.app[NODE].status(), headers=NO_STORE)
+
+
+async def _mesh(request: web.Request) -> web.Response:
+    """The mesh (mesh.py): the master's view, which any other node asks the master for."""
+    node = request.app[NODE]
+    try:
+        view = await node.mesh()
+    except MeshUnavailable as exc:
+        return error_response(exc.status, str(exc), "no_master")
+    return web.json_response(view, headers=NO_STORE)
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -10,14 +10,16 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from rallypoint import wire, wirebatch, wirefields
+from rallypoint import wire, wirealive, wirebatch, wirefields
 from rallypoint.auth import NONCE_HEADER
+from rallypoint.errors import MeshUnavailable
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous import Rendezvous
 from rallypoint.server.common import (
     NO_STORE,
     NODE,
     api_app,
+    error_response,
     json_line,
     log,
     single_query,
@@ -46,6 +48,8 @@ def peer_app(node: Rendezvous, *, run_rendezvous: bool = True) -> web.Applicatio
             web.post("/v1/poke", _poke),
             web.post("/v1/report", _report),
             web.post("/v1/reports", _reports),
+            web.post("/v1/alive", _alive),
+            web.get("/v1/mesh", _mesh),
         ],
     )
     if run_rendezvous:
@@ -183,6 +187,25 @@ async def _reports(request: web.Request) -> web.Response:
     verdict = await node.handle_reports(wirebatch.parse_report_batch(body))
     verdict = msgspec.structs.replace(verdict, clock=_stamp(request, received))
     return _signed(node, "200 /v1/reports", wire.encode_verdict(verdict))
+
+
+async def _alive(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _read_body(request)
+    node.auth.verify("POST /v1/alive", body, request.headers)
+    answer = node.handle_alive(wirealive.parse_alive(body))
+    return _signed(node, "200 /v1/alive", wirealive.encode_answer(answer))
+
+
+async def _mesh(request: web.Request) -> web.Response:
+    """The master's mesh view (a relay asks its master), signed like every answer."""
+    node = request.app[NODE]
+    node.auth.verify("GET /v1/mesh", b"", request.headers)
+    try:
+        view = await node.mesh()
+    except MeshUnavailable as exc:
+        return error_response(exc.status, str(exc), "no_master")
+    return _signed(node, "200 /v1/mesh", wirefields.dump(view))
 
 
 def _stamp(request: web.Request, received: float) -> ClockStamp | None:

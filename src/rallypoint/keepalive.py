@@ -1,0 +1,177 @@
+"""After ready, the nodes keep each other alive, and a node that stops answering is named.
+
+Traffic is bounded the way the rendezvous is: each worker sends one keep-alive per interval
+to its upstream (its relay in a fan-out tree, else the master; the master too while the relay
+fails it), and a relay passes on how long ago it heard each member of its group. So the
+master handles O(N) small requests per interval without a tree, O(N / group) with one. The
+master checks a rank that went silent itself (a keep-alive of its own), which tells why:
+refused, timed out or unreachable. Every answer names what its sender finds down, so each
+node learns within an interval what the master found (liveness.py). What is served does not
+change: the job owns what happens next (docs/readiness.md "After ready").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from rallypoint import fanout, names, resolve, wirealive
+from rallypoint.context import NodeContext
+from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
+from rallypoint.liveness import Down, Watch, warning
+
+log = logging.getLogger("rallypoint.rendezvous")
+
+#: Most silent ranks the master checks at once in one interval (the rest wait their turn).
+MAX_CHECKS = 32
+#: Up to this many nodes every peer has its own rallypoint_peer_up series; above, only the
+#: peers named down (so a 4096-node cluster does not export 4096 series per sidecar).
+GAUGE_ALL_NODES = 256
+
+
+class Keepalive:
+    """One node's keep-alive loop and its answers to others' keep-alives."""
+
+    def __init__(self, ctx: NodeContext, watch: Watch) -> None:
+        self.ctx = ctx
+        self.watch = watch
+        spec = ctx.spec
+        self.size = fanout.group_size(spec.nnodes, ctx.settings.relay_group_size)
+        #: Our relay's rank (None: we talk to the master directly).
+        self.relay = None if spec.is_master else fanout.relay_of(spec.rank, self.size)
+        #: The ranks we relay for (empty unless we are a relay).
+        self.group = tuple(fanout.group(spec.rank, self.size, spec.nnodes))
+        self._named: dict[int, Down] = {}
+        self._interval = watch.interval_s
+
+    async def run(self) -> None:
+        """Wait for this node's first ready, then keep alive until cancelled."""
+        readiness = self.ctx.readiness
+        while not await readiness.wait_ready(3600.0, client=False):
+            if readiness.shutting_down:
+                return  # never ready now: wait_ready would return at once, forever
+        spec = self.ctx.spec
+        if spec.is_master:
+            self.watch.track(r for r in range(spec.nnodes) if r != spec.rank)
+        else:
+            self.watch.track([self._upstream(), *self.group])
+        log.info(
+            "keepalive_started",
+            extra={"interval_s": self._interval, "watched": len(self.watch.watched)},
+        )
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            if spec.is_master:
+                await self._check_silent()
+            else:
+                await self._beat()
+            self._publish()
+            await asyncio.sleep(max(0.05, self._interval - (loop.time() - started)))
+
+    def answer(self, alive: wirealive.Alive) -> wirealive.AliveAnswer:
+        """A peer's keep-alive: note it (and a relay's ages of its group); our view back."""
+        spec = self.ctx.spec
+        if alive.session != spec.session:
+            raise JoinRejected(
+                409, "session_mismatch", f"keep-alive for session {alive.session!r}, not ours"
+            )
+        if alive.rank >= spec.nnodes or alive.host.lower() != spec.hosts[alive.rank].lower():
+            raise JoinRejected(
+                409,
+                "spec_mismatch",
+                f"keep-alive from {alive.host} as rank {alive.rank}, which this node's spec "
+                "does not list; give every node the same node list",
+            )
+        self.watch.heard(alive.rank)
+        group = fanout.group(alive.rank, self.size, spec.nnodes)
+        for rank, age_s in alive.heard:
+            if rank in group:
+                self.watch.heard(rank, age_s)
+        view = self.watch.view()
+        return wirealive.AliveAnswer(
+            spec.session, spec.rank, tuple(view[: wirealive.MAX_DOWN]), len(view)
+        )
+
+    def _upstream(self) -> int:
+        return 0 if self.relay is None else self.relay
+
+    def _body(self) -> bytes:
+        spec = self.ctx.spec
+        ages = tuple(self.watch.ages(self.group))
+        return wirealive.encode_alive(wirealive.Alive(spec.session, spec.rank, spec.host, ages))
+
+    async def _beat(self) -> None:
+        """A worker's keep-alive: to its relay, and to the master when the relay fails it."""
+        body = self._body()
+        if self.relay is not None:
+            if await self._send(self.relay, body, self._interval / 2, upstream=True):
+                self.watch.track([self.relay, *self.group])
+                return
+            self.watch.track([self.relay, 0, *self.group])
+        await self._send(0, body, self._interval, upstream=True)
+
+    async def _check_silent(self) -> None:
+        """The master's own keep-alive to each rank gone silent: it comes back, or says why."""
+        silent = self.watch.to_check()[:MAX_CHECKS]
+        if silent:
+            body = self._body()
+            await asyncio.gather(*(self._send(r, body, self._interval) for r in silent))
+
+    async def _send(
+        self, rank: int, body: bytes, timeout_s: float, *, upstream: bool = False
+    ) -> bool:
+        """One keep-alive to ``rank``; whether it answered (its view kept when ``upstream``)."""
+        ctx = self.ctx
+        host = ctx.spec.hosts[rank]
+        res = await resolve.check(
+            ctx.resolver, host, None, timeout_s=min(ctx.settings.resolve_timeout_s, timeout_s)
+        )
+        if not res.addresses or names.dials_self(res, accept_loopback=ctx.accept_loopback):
+            self.watch.failed(rank, "unreachable", f"{host}: {res.detail}")
+            return False
+        for address in res.addresses:
+            target = ctx.endpoint(host, address)
+            try:
+                answer = await ctx.client.post_alive(target, body, timeout_s)
+            except PeerDown as exc:
+                self.watch.failed(rank, exc.cause, f"{target[0]}:{target[1]}: {exc}")
+                continue
+            except (JoinRejected, AuthError, PeerMessageError) as exc:
+                self.watch.failed(rank, "failed", f"{target[0]}:{target[1]}: {exc}")
+                continue
+            self.watch.heard(rank)
+            if upstream:
+                self.watch.upstream(rank, answer.down)
+            return True
+        return False
+
+    def _publish(self) -> None:
+        """Log who went down or came back, and set the warnings and gauges."""
+        view = {d.rank: d for d in self.watch.view()}
+        metrics, spec = self.ctx.metrics, self.ctx.spec
+        for rank, down in view.items():
+            if rank not in self._named:
+                log.warning(
+                    "peer_down",
+                    extra={
+                        "rank": rank,
+                        "host": down.host,
+                        "cause": down.cause,
+                        "detail": down.detail,
+                        "seen_by": down.seen_by,
+                        "silent_s": round(down.for_s, 1),
+                    },
+                )
+        for rank, down in self._named.items():
+            if rank not in view:
+                log.info("peer_up", extra={"rank": rank, "host": down.host})
+        everyone = spec.nnodes <= GAUGE_ALL_NODES
+        for rank in range(spec.nnodes) if everyone else {*view, *self._named}:
+            if rank != spec.rank:
+                metrics.peer_up.labels(spec.hosts[rank]).set(0 if rank in view else 1)
+        metrics.peers_down.set(len(view))
+        self._named = view
+        self.ctx.readiness.liveness_warnings = [warning(d) for d in list(view.values())[:8]]
+        if len(view) > 8:
+            self.ctx.readiness.liveness_warnings.append(f"{len(view) - 8} more nodes are down")

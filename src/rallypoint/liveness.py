@@ -1,0 +1,187 @@
+"""Who is gone after ready: what this node hears of the nodes it keeps alive with (pure).
+
+The I/O is keepalive.py. A node watches only the nodes it exchanges keep-alives with: a
+worker its upstream (its relay, and the master while the relay fails it); a relay its group
+and its upstream; the master every rank, its relays' groups through the ages their
+keep-alives pass on. A watched node is *down* once nothing was heard from it for DOWN_AFTER
+intervals. What a node names is its own findings plus its upstream's last answer, so every
+node learns within an interval what the master found.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import msgspec
+
+#: Intervals without a word before a watched node is named down. With the default 3 s
+#: interval that is 12 s, and the others hear of it within one more interval: about 15 s,
+#: torch elastic's 5 s x 3.
+DOWN_AFTER = 4
+#: A watched node silent this many intervals is checked actively (its cause is learnt).
+CHECK_AFTER = 2
+
+#: Why a node is named down: its peer API refused the connection (host up, sidecar gone),
+#: the request timed out (paused, or the path drops packets), no route or no address
+#: (unreachable), another failure, or only silence (nothing tried it yet).
+CAUSES = ("refused", "timed_out", "unreachable", "failed", "silent")
+
+
+class Down(msgspec.Struct, frozen=True):
+    """A node named down: how long nothing was heard from it, why, and who found it."""
+
+    rank: int
+    host: str
+    for_s: float
+    cause: str
+    detail: str
+    #: The host whose watch found it (this node, its relay or the master).
+    seen_by: str
+
+
+class Watch:
+    """One node's findings: when each watched rank was last heard, and why it failed since."""
+
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        rank: int,
+        interval_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hosts = tuple(hosts)
+        self.rank = rank
+        self.interval_s = interval_s
+        self.down_after_s = DOWN_AFTER * interval_s
+        self._clock = clock
+        self._heard: dict[int, float] = {}
+        self._failure: dict[int, tuple[str, str]] = {}
+        #: The upstream's last answer: its rank, what it named and when (for_s as of then).
+        self._upstream: tuple[int, tuple[Down, ...], float] = (-1, (), 0.0)
+        #: Whether watching began (after this node's first ready).
+        self.started = False
+
+    def track(self, ranks: Iterable[int]) -> None:
+        """Watch exactly ``ranks`` from now on; a newly watched rank counts as heard now."""
+        self.started = True
+        now = self._clock()
+        wanted = {r for r in ranks if r != self.rank and 0 <= r < len(self.hosts)}
+        for rank in list(self._heard):
+            if rank not in wanted:
+                del self._heard[rank]
+                self._failure.pop(rank, None)
+        for rank in wanted:
+            self._heard.setdefault(rank, now)
+
+    @property
+    def watched(self) -> frozenset[int]:
+        return frozenset(self._heard)
+
+    def heard(self, rank: int, age_s: float = 0.0) -> None:
+        """A word from ``rank`` (``age_s`` ago, as a relay passes it on); unwatched: ignored."""
+        last = self._heard.get(rank)
+        if last is None:
+            return
+        at = self._clock() - max(0.0, age_s)
+        if at > last:
+            self._heard[rank] = at
+            self._failure.pop(rank, None)
+
+    def failed(self, rank: int, cause: str, detail: str) -> None:
+        """An attempt to reach ``rank`` failed (it counts as silence, with its cause)."""
+        if rank in self._heard:
+            self._failure[rank] = (cause if cause in CAUSES else "failed", detail)
+
+    def silent_s(self, rank: int) -> float | None:
+        """Seconds since ``rank`` was last heard; None when it is not watched."""
+        last = self._heard.get(rank)
+        return None if last is None else self._clock() - last
+
+    def ages(self, ranks: Iterable[int]) -> list[tuple[int, float]]:
+        """(rank, seconds since heard) of the watched ``ranks``: what a relay passes on."""
+        now = self._clock()
+        return [(r, now - self._heard[r]) for r in ranks if r in self._heard]
+
+    def to_check(self) -> list[int]:
+        """Watched ranks silent for CHECK_AFTER intervals: worth a keep-alive of our own."""
+        now, limit = self._clock(), CHECK_AFTER * self.interval_s
+        return [r for r, at in sorted(self._heard.items()) if now - at >= limit]
+
+    def upstream(self, rank: int, downs: Sequence[Down]) -> None:
+        """The answer of our upstream ``rank``: the nodes it names down."""
+        self._upstream = (rank, tuple(downs), self._clock())
+
+    def own(self) -> list[Down]:
+        """The watched ranks silent past the bound, by rank."""
+        now = self._clock()
+        out = []
+        for rank, at in sorted(self._heard.items()):
+            if now - at > self.down_after_s:
+                cause, detail = self._failure.get(rank, ("silent", "no keep-alive arrived"))
+                out.append(
+                    Down(rank, self.hosts[rank], now - at, cause, detail, self.hosts[self.rank])
+                )
+        return out
+
+    def view(self) -> list[Down]:
+        """Every node named down, by rank: our findings, then the upstream's for the others.
+
+        A node we heard from ourselves within the bound is not down from here, whatever the
+        upstream says; an upstream we find down has nothing current to say.
+        """
+        own = {d.rank: d for d in self.own()}
+        source, downs, at = self._upstream
+        if source in own:
+            downs = ()
+        aged = self._clock() - at
+        for down in downs:
+            if down.rank == self.rank or down.rank >= len(self.hosts):
+                continue
+            mine = own.get(down.rank)
+            if mine is not None and mine.cause != "silent":
+                continue
+            if mine is None and down.rank in self._heard:
+                continue  # heard lately: up from here
+            own[down.rank] = msgspec.structs.replace(down, for_s=down.for_s + aged)
+        return [own[r] for r in sorted(own)]
+
+    def up(self, rank: int) -> bool:
+        """Whether ``rank`` is not named down (for the per-peer gauge)."""
+        return all(d.rank != rank for d in self.view())
+
+
+def status(watch: Watch | None, wall: Callable[[], float] = time.time) -> dict[str, object]:
+    """The /status section: the bound, what is watched, and every node named down."""
+    if watch is None:
+        return {"enabled": False, "watching": False, "down": []}
+    now = wall()
+    return {
+        "enabled": True,
+        "watching": watch.started,
+        "interval_s": watch.interval_s,
+        "down_after_s": watch.down_after_s,
+        "watched": len(watch.watched),
+        "down": [
+            {
+                "rank": d.rank,
+                "host": d.host,
+                "since": round(now - d.for_s, 3),
+                "for_s": round(d.for_s, 3),
+                "cause": d.cause,
+                "detail": d.detail,
+                "seen_by": d.seen_by,
+            }
+            for d in watch.view()
+        ],
+    }
+
+
+def warning(down: Down) -> str:
+    """One line for /status warnings and `rallypoint status`."""
+    cause = down.cause.replace("_", " ")
+    return (
+        f"{down.host} (rank {down.rank}) is down: nothing heard for {down.for_s:.0f} s "
+        f"({cause}: {down.detail}; seen by {down.seen_by})"
+    )

@@ -1,0 +1,137 @@
+"""Pure codec of the keep-alive after ready: POST /v1/alive and its answer (keepalive.py).
+
+A keep-alive says who sends it and, from a relay, how long ago it heard each member of its
+group. The answer names the nodes its sender finds down (liveness.Down), at most MAX_DOWN
+of them, with the total. Both are untrusted input, checked field by field.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from rallypoint.errors import PeerMessageError
+from rallypoint.liveness import CAUSES, Down
+from rallypoint.wirefields import MAX_NODES, dump, host_name, integer, load, number, session
+
+#: Largest keep-alive accepted: a relay's group of up to 1024 ages fits several times.
+MAX_ALIVE_BYTES = 60 * 1024
+#: Largest answer accepted.
+MAX_ANSWER_BYTES = 256 * 1024
+#: Most nodes one answer names (the total says how many more there are).
+MAX_DOWN = 256
+#: Most ages one keep-alive passes on.
+MAX_HEARD = 1024
+#: Longest detail carried, in characters (a cut-down error message).
+MAX_DETAIL = 300
+#: Ages and durations are capped at a day: past it, the number tells nothing more.
+MAX_AGE_S = 86400.0
+
+
+class Alive(msgspec.Struct, frozen=True):
+    """A keep-alive: who sends it and, from a relay, (rank, seconds since heard) of its group."""
+
+    session: str
+    rank: int
+    host: str
+    heard: tuple[tuple[int, float], ...] = ()
+
+
+class AliveAnswer(msgspec.Struct, frozen=True):
+    """The answer: who answers, and the nodes it finds down (``total`` of them)."""
+
+    session: str
+    rank: int
+    down: tuple[Down, ...]
+    total: int
+
+
+def encode_alive(alive: Alive) -> bytes:
+    """The JSON body of a keep-alive."""
+    return dump(
+        {
+            "session": alive.session,
+            "rank": alive.rank,
+            "host": alive.host,
+            "heard": [[rank, round(age, 3)] for rank, age in alive.heard],
+        }
+    )
+
+
+def parse_alive(body: bytes) -> Alive:
+    """Validate a keep-alive; PeerMessageError names the field at fault."""
+    data = load(body, MAX_ALIVE_BYTES, "keep-alive")
+    heard = data.get("heard", [])
+    if not isinstance(heard, list) or len(heard) > MAX_HEARD:
+        raise PeerMessageError(f"keep-alive: heard must be a list of at most {MAX_HEARD}")
+    pairs = []
+    for index, item in enumerate(heard):
+        if not isinstance(item, list) or len(item) != 2:
+            raise PeerMessageError(f"keep-alive: heard[{index}] must be [rank, seconds]")
+        pairs.append(
+            (
+                integer(item[0], f"heard[{index}] rank", 0, MAX_NODES - 1),
+                number(item[1], f"heard[{index}] seconds", 0.0, MAX_AGE_S),
+            )
+        )
+    return Alive(
+        session=session(data.get("session"), "session"),
+        rank=integer(data.get("rank"), "rank", 0, MAX_NODES - 1),
+        host=host_name(data.get("host")),
+        heard=tuple(pairs),
+    )
+
+
+def encode_answer(answer: AliveAnswer) -> bytes:
+    """The JSON body of the answer."""
+    return dump(
+        {
+            "session": answer.session,
+            "rank": answer.rank,
+            "total": answer.total,
+            "down": [
+                {
+                    "rank": d.rank,
+                    "host": d.host,
+                    "for_s": round(min(d.for_s, MAX_AGE_S), 3),
+                    "cause": d.cause,
+                    "detail": d.detail[:MAX_DETAIL],
+                    "seen_by": d.seen_by,
+                }
+                for d in answer.down[:MAX_DOWN]
+            ],
+        }
+    )
+
+
+def parse_answer(body: bytes) -> AliveAnswer:
+    """Validate an answer to a keep-alive."""
+    data = load(body, MAX_ANSWER_BYTES, "keep-alive answer")
+    raw = data.get("down")
+    if not isinstance(raw, list) or len(raw) > MAX_DOWN:
+        raise PeerMessageError(f"keep-alive answer: down must be a list of at most {MAX_DOWN}")
+    downs = []
+    for index, item in enumerate(raw):
+        at = f"down[{index}]"
+        if not isinstance(item, dict):
+            raise PeerMessageError(f"keep-alive answer: {at} is not an object")
+        cause, detail = item.get("cause"), item.get("detail")
+        if cause not in CAUSES:
+            raise PeerMessageError(f"{at}.cause must be one of {', '.join(CAUSES)}")
+        if not isinstance(detail, str) or len(detail) > MAX_DETAIL:
+            raise PeerMessageError(f"{at}.detail must be a string of at most {MAX_DETAIL}")
+        downs.append(
+            Down(
+                rank=integer(item.get("rank"), f"{at}.rank", 0, MAX_NODES - 1),
+                host=host_name(item.get("host"), f"{at}.host"),
+                for_s=number(item.get("for_s"), f"{at}.for_s", 0.0, MAX_AGE_S),
+                cause=str(cause),
+                detail=detail,
+                seen_by=host_name(item.get("seen_by"), f"{at}.seen_by"),
+            )
+        )
+    return AliveAnswer(
+        session=session(data.get("session"), "session"),
+        rank=integer(data.get("rank"), "rank", 0, MAX_NODES - 1),
+        down=tuple(downs),
+        total=integer(data.get("total"), "total", len(downs), MAX_NODES),
+    )

@@ -1,0 +1,143 @@
+"""After ready: a node that stops answering is named on every other node, and cleared on return.
+
+In-process nodes on loopback: a stopped sidecar's peer port refuses connections, so the
+cause the master finds is "refused". Paused and cut-off nodes are the multi-host tier's
+(tests/multihost/test_liveness.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from rallypoint.sidecar import Sidecar
+from tests.support.cluster import Cluster, all_ready, cluster, start_all, until
+
+TOKEN = "liveness-test-secret"
+#: A keep-alive every 0.2 s: a silent peer is named after 0.8 s.
+FAST = {"keepalive_s": 0.2}
+
+
+def down(sidecar: Sidecar) -> dict[str, dict[str, Any]]:
+    """host -> its entry in this node's /status liveness.down."""
+    section = sidecar.node.status()["liveness"]
+    assert isinstance(section, dict)
+    return {d["host"]: d for d in section["down"]}
+
+
+def named_everywhere(c: Cluster, host: str, *, but: int) -> bool:
+    return all(host in down(s) for r, s in c.nodes.items() if r != but)
+
+
+def nobody_down(c: Cluster) -> bool:
+    return all(not down(s) for s in c.nodes.values())
+
+
+def per_node(n: int, **extra: object) -> dict[int, dict[str, object]]:
+    return {r: {**FAST, **extra} for r in range(n)}
+
+
+async def test_a_dead_worker_is_named_everywhere_and_cleared_when_back() -> None:
+    async with cluster(4, token=TOKEN, per_node=per_node(4)) as c:
+        await start_all(c)
+        await all_ready(c)
+        before = {r: s.node.env for r, s in c.nodes.items()}
+        await c.stop(2)
+        await until(lambda: named_everywhere(c, "node2", but=2))
+        master = down(c.nodes[0])["node2"]
+        assert master["cause"] == "refused", master
+        assert master["seen_by"] == "node0"
+        assert master["rank"] == 2 and master["for_s"] > 0.8
+        relayed = down(c.nodes[1])["node2"]
+        assert relayed["seen_by"] == "node0" and relayed["cause"] == "refused"
+        # The env stays served and the nodes stay ready: the job owns what happens next.
+        for rank in (0, 1, 3):
+            node = c.nodes[rank].node
+            assert node.ready and node.env == before[rank]
+            assert any("node2 (rank 2) is down" in w for w in node.warnings())
+            metrics = c.nodes[rank].metrics
+            assert metrics.value("rallypoint_peer_up", peer="node2") == 0
+            assert metrics.value("rallypoint_peer_up", peer="node1" if rank != 1 else "node0") == 1
+            assert metrics.value("rallypoint_peers_down") == 1
+        await c.start(2)
+        await all_ready(c)
+        await until(lambda: nobody_down(c))
+        assert c.nodes[0].metrics.value("rallypoint_peer_up", peer="node2") == 1
+        assert not any("is down" in w for w in c.nodes[1].node.warnings())
+
+
+async def test_a_dead_master_is_named_by_every_worker_itself() -> None:
+    async with cluster(3, token=TOKEN, per_node=per_node(3)) as c:
+        await start_all(c)
+        await all_ready(c)
+        await c.stop(0)
+        await until(lambda: named_everywhere(c, "node0", but=0))
+        for rank in (1, 2):
+            entry = down(c.nodes[rank])["node0"]
+            assert entry["seen_by"] == f"node{rank}"
+            assert entry["cause"] == "refused", entry
+            assert entry["since"] < entry["since"] + entry["for_s"]
+        await c.start(0)
+        await all_ready(c)
+        await until(lambda: nobody_down(c))
+
+
+async def test_in_a_tree_a_dead_relay_and_a_dead_member_are_named() -> None:
+    # Groups of 2 over 5 ranks: the master serves rank 1; rank 2 relays for rank 3; rank 4
+    # relays for nobody.
+    async with cluster(5, token=TOKEN, per_node=per_node(5, relay_group_size=2)) as c:
+        await start_all(c)
+        await all_ready(c)
+        await c.stop(3)  # heard of by the master only through relay 2's keep-alives
+        await until(lambda: named_everywhere(c, "node3", but=3))
+        assert down(c.nodes[0])["node3"]["cause"] == "refused"
+        await c.start(3)
+        await all_ready(c)
+        await until(lambda: nobody_down(c))
+        await c.stop(2)  # the relay: its member goes around it and names it itself
+        await until(lambda: named_everywhere(c, "node2", but=2))
+        assert down(c.nodes[3])["node2"]["seen_by"] == "node3"
+        assert "node0" not in down(c.nodes[3])
+        await c.start(2)
+        await all_ready(c)
+        await until(lambda: nobody_down(c))
+
+
+async def test_keepalive_off_has_no_watch() -> None:
+    async with cluster(2, per_node=per_node(2, keepalive_s=0.0)) as c:
+        await start_all(c)
+        await all_ready(c)
+        section = c.nodes[1].node.status()["liveness"]
+        assert section == {"enabled": False, "watching": False, "down": []}
+
+
+async def test_bad_keepalives_are_refused_with_one_line() -> None:
+    async with cluster(2, per_node=per_node(2)) as c:
+        await start_all(c)
+        await all_ready(c)
+        async with aiohttp.ClientSession() as http:
+            for body, code in [
+                (b"[]", "bad_request"),
+                (b'{"session": "sess-1", "rank": 7, "host": "node7"}', "spec_mismatch"),
+                (b'{"session": "other", "rank": 1, "host": "node1"}', "session_mismatch"),
+                (b'{"session": "sess-1", "rank": 1, "host": "node1", "heard": [[1]]}',
+                 "bad_request"),
+            ]:  # fmt: skip
+                async with http.post(c.peer_url(0, "/v1/alive"), data=body) as resp:
+                    answer = await resp.json()
+                    assert resp.status in (400, 409), (body, resp.status, answer)
+                    assert answer["code"] == code, answer
+                    assert "\n" not in answer["error"]
+        assert c.nodes[0].node.ready
+
+
+async def test_a_node_shut_down_before_ready_stops_its_keepalive() -> None:
+    async with cluster(2, per_node=per_node(2)) as c:
+        await c.start(1)  # the master never comes: rank 1 is never ready
+        node = c.nodes[1].node
+        node.begin_shutdown()
+        keepalive = node.keepalive
+        assert keepalive is not None
+        await asyncio.wait_for(keepalive.run(), 5.0)  # returns, does not spin

@@ -1,0 +1,126 @@
+"""The liveness bookkeeping and the keep-alive codec: who is named down, and bad messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from rallypoint import wirealive
+from rallypoint.errors import PeerMessageError
+from rallypoint.liveness import Down, Watch, status, warning
+
+HOSTS = ("m", "a", "b", "c")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watch(rank: int = 0) -> tuple[Watch, Clock]:
+    clock = Clock()
+    return Watch(HOSTS, rank, 1.0, clock=clock), clock
+
+
+def test_a_rank_silent_past_four_intervals_is_down_with_its_last_failure() -> None:
+    w, clock = watch()
+    w.track([1, 2, 3])
+    clock.now += 3.9
+    w.heard(1)
+    assert w.own() == []
+    clock.now += 0.2
+    w.failed(2, "refused", "10.0.0.2:7781: refused")
+    downs = w.own()
+    assert [(d.rank, d.cause) for d in downs] == [(2, "refused"), (3, "silent")]
+    assert downs[0].seen_by == "m" and downs[0].for_s == pytest.approx(4.1)
+    w.heard(2)
+    assert [d.rank for d in w.own()] == [3]
+
+
+def test_only_silent_ranks_are_checked_and_unwatched_words_are_ignored() -> None:
+    w, clock = watch()
+    w.track([1, 2])
+    clock.now += 2.0
+    w.heard(1)
+    w.heard(3)  # not watched
+    assert w.to_check() == [2]
+    assert w.silent_s(3) is None
+
+
+def test_a_relays_ages_count_as_heard_that_long_ago() -> None:
+    w, clock = watch()
+    w.track([1, 2])
+    clock.now += 10.0
+    w.heard(2, age_s=3.0)
+    assert [d.rank for d in w.own()] == [1]
+    w.heard(2, age_s=8.0)  # older news than we have: no change
+    assert w.silent_s(2) == pytest.approx(3.0)
+
+
+def test_the_view_adds_the_upstreams_findings_but_not_against_our_own_evidence() -> None:
+    w, clock = watch(rank=3)
+    w.track([0])
+    far = Down(1, "a", 5.0, "timed_out", "x", "m")
+    mine = Down(3, "c", 5.0, "refused", "x", "m")  # ourselves: never shown
+    w.upstream(0, [far, mine])
+    clock.now += 1.0
+    view = w.view()
+    assert [(d.rank, d.seen_by) for d in view] == [(1, "m")]
+    assert view[0].for_s == pytest.approx(6.0)
+    # Our upstream down: what it said last is not current.
+    clock.now += 5.0
+    assert [d.rank for d in w.view()] == [0]
+
+
+def test_status_and_warning_name_who_since_and_why() -> None:
+    w, clock = watch()
+    w.track([1])
+    clock.now += 5.0
+    w.failed(1, "timed_out", "10.0.0.1:7781: timeout")
+    section = status(w, wall=lambda: 1000.0)
+    assert section["down"] == [
+        {"rank": 1, "host": "a", "since": 995.0, "for_s": 5.0, "cause": "timed_out",
+         "detail": "10.0.0.1:7781: timeout", "seen_by": "m"}
+    ]  # fmt: skip
+    line = warning(w.view()[0])
+    assert line.startswith("a (rank 1) is down") and "timed out" in line and "\n" not in line
+
+
+def test_codec_round_trips() -> None:
+    alive = wirealive.Alive("s", 2, "b", ((3, 1.5),))
+    assert wirealive.parse_alive(wirealive.encode_alive(alive)) == alive
+    answer = wirealive.AliveAnswer("s", 0, (Down(1, "a", 5.0, "refused", "d", "m"),), 1)
+    assert wirealive.parse_answer(wirealive.encode_answer(answer)) == answer
+
+
+@pytest.mark.parametrize(
+    ("body", "fault"),
+    [
+        (b"[]", "JSON object"),
+        (b'{"session": "s", "rank": -1, "host": "b"}', "rank"),
+        (b'{"session": "s", "rank": 1, "host": "b", "heard": [[1, -2]]}', "seconds"),
+        (b'{"session": "s", "rank": 1, "host": "b", "heard": {}}', "heard"),
+        (b'{"session": "s", "rank": 1, "host": "bad host!"}', "host"),
+    ],
+)
+def test_bad_keepalives_name_the_field(body: bytes, fault: str) -> None:
+    with pytest.raises(PeerMessageError, match=fault):
+        wirealive.parse_alive(body)
+
+
+@pytest.mark.parametrize(
+    ("down", "fault"),
+    [
+        ('[{"rank": 1, "host": "a", "for_s": 1, "cause": "eaten", "detail": "", '
+         '"seen_by": "m"}]', "cause"),
+        ('[{"rank": 1, "host": "a", "for_s": "1", "cause": "refused", "detail": "", '
+         '"seen_by": "m"}]', "for_s"),
+        ('"none"', "down"),
+    ],
+)  # fmt: skip
+def test_bad_answers_name_the_field(down: str, fault: str) -> None:
+    body = f'{{"session": "s", "rank": 0, "total": 1, "down": {down}}}'.encode()
+    with pytest.raises(PeerMessageError, match=fault):
+        wirealive.parse_answer(body)
