@@ -11,14 +11,6 @@ import pytest
 from tests.conftest import has_failed, require
 from tests.multihost import clients, harness
 
-#: Small timings so that every scenario finishes in seconds; scenarios add their own flags.
-FAST_ARGS = (
-    "--deadline", "25",
-    "--backoff-initial", "0.05",
-    "--backoff-max", "0.5",
-    "--long-poll", "5",
-    "--resolve-timeout", "2",
-)  # fmt: skip
 #: The session secret every sidecar of a test cluster shares (peer messages are signed).
 TOKEN = "multihost-test-secret"
 #: Backend.AI lists hosts in no promised order; the master is listed second on purpose.
@@ -57,7 +49,7 @@ def make_cluster(
         cluster = harness.Cluster(
             hosts,
             tmp_path / f"cluster{len(made)}",
-            sidecar_args=(*FAST_ARGS, *args),
+            sidecar_args=(*harness.FAST_ARGS, *args),
             sidecar_env=extra,
             family=family,
             environ_for=environ_for,

@@ -40,6 +40,16 @@ from tests.support.netns import (
 )
 
 SUBNET = "10.213.0"
+
+#: Small timings so that every scenario finishes in seconds; scenarios and the
+#: fault campaign add their own flags.
+FAST_ARGS = (
+    "--deadline", "25",
+    "--backoff-initial", "0.05",
+    "--backoff-max", "0.5",
+    "--long-poll", "5",
+    "--resolve-timeout", "2",
+)  # fmt: skip
 #: IPv6 clusters (family "ipv6" or "dual"): unique local addresses, one /64 per bridge.
 SUBNET6 = "fd00:"
 #: Address families a Cluster can be built with.
