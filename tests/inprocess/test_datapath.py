@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
-from rallypoint import connectivity, datapath, probe, tcpinfo
+from rallypoint import datapath, probe, tcpinfo
 from rallypoint.auth import Authenticator
+from rallypoint.links import LOSSY_SHARE
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.probe import MAGIC
+from rallypoint.rendezvous import connectivity
 from tests.support.settings import fast_settings
 
 SESSION = "sess-data"
@@ -138,7 +140,8 @@ async def test_the_data_leg_moves_every_byte_both_ways(window: Callable[..., Any
     assert (transfer.up_bytes, transfer.down_bytes) == (1 << 20, 1 << 20)
     assert transfer.up_mbps > 0 and transfer.down_mbps > 0
     assert transfer.peer_sent is not None and transfer.peer_sent >= 1 << 20
-    assert transfer.up_retrans == 0.0 and transfer.down_retrans == 0.0
+    # Loopback retransmits only when the machine is starved (a busy CI host): never lossy.
+    assert transfer.up_retrans < LOSSY_SHARE and transfer.down_retrans < LOSSY_SHARE
 
 
 async def test_a_window_that_stops_reading_is_a_stall_naming_the_leg(
