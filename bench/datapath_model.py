@@ -32,7 +32,8 @@ import sys
 import common
 
 sys.path.insert(0, str(common.REPO / "src"))
-from rallypoint import connectivity, datapath, links, names
+from rallypoint import datapath, links, names
+from rallypoint.rendezvous import connectivity
 from rallypoint.settings import Settings
 
 SIZES = (8, 16, 64, 1024, 4096)

@@ -1,6 +1,6 @@
 """Who is gone after ready: what this node hears of the nodes it keeps alive with (pure).
 
-The I/O is keepalive.py. A node watches only the nodes it exchanges keep-alives with: a
+The I/O is rendezvous/keepalive.py. A node watches only the nodes it exchanges keep-alives with: a
 worker its upstream (its relay, and the master while the relay fails it); a relay its group
 and its upstream; the master every rank, its relays' groups through the ages their
 keep-alives pass on. A watched node is *down* once nothing was heard from it for DOWN_AFTER

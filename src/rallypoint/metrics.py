@@ -195,7 +195,7 @@ class Metrics:
             "rallypoint_clock_offset_seconds",
             "This node's clock minus the master's, as last measured (0 on the master)",
         )
-        # -- liveness after ready (keepalive.py) --
+        # -- liveness after ready (rendezvous/keepalive.py) --
         self.peer_up = Family(
             "gauge",
             "rallypoint_peer_up",

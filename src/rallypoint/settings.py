@@ -57,7 +57,7 @@ class Settings(msgspec.Struct, frozen=True):
     resolve_workers: int = 16
     shutdown_grace_s: float = 3.0
     #: After ready, a keep-alive every this many seconds; a peer silent for 4 of them is
-    #: named down (keepalive.py). 0: no keep-alive.
+    #: named down (rendezvous/keepalive.py). 0: no keep-alive.
     keepalive_s: float = 3.0
 
     # Verification.
@@ -69,7 +69,7 @@ class Settings(msgspec.Struct, frozen=True):
     #: True (--emit-ifname): NCCL_SOCKET_IFNAME too; False (--no-emit-ifname): neither.
     emit_ifname: bool | None = None
 
-    # Connection checks (connectivity.py): every connection the job will make is tried.
+    # Connection checks (rendezvous/connectivity.py): every connection the job will make is tried.
     probe: bool = True
     probe_timeout_s: float = 2.0
     probe_workers: int = 64

@@ -20,7 +20,7 @@ from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, OverrideSource, master_ports
 from rallypoint.peerhttp import PeerEndpoint
 from rallypoint.probe import ProbeRoute
-from rallypoint.rendezvous import Rendezvous
+from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
 

@@ -1,4 +1,4 @@
-"""Pure codec of the keep-alive after ready: POST /v1/alive and its answer (keepalive.py).
+"""Pure codec of the keep-alive after ready (rendezvous/keepalive.py): POST /v1/alive, its answer.
 
 A keep-alive says who sends it and, from a relay, how long ago it heard each member of its
 group. The answer names the nodes its sender finds down (liveness.Down), at most MAX_DOWN

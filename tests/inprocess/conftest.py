@@ -12,7 +12,7 @@ from rallypoint import ports
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
-from rallypoint.rendezvous import Rendezvous
+from rallypoint.rendezvous.node import Rendezvous
 from tests.fakes import FakeResolver
 from tests.support.api import HOSTS, SESSION
 from tests.support.settings import fast_settings

@@ -13,7 +13,7 @@ from rallypoint import ports, wire
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, Member
-from rallypoint.rendezvous import Rendezvous
+from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.peer import peer_app
 from tests.fakes import FakeResolver
 from tests.support.settings import fast_settings

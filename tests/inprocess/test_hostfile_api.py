@@ -12,7 +12,7 @@ from rallypoint import ports, wire
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
-from rallypoint.rendezvous import Rendezvous
+from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.local import local_app
 from rallypoint.server.peer import peer_app
 from rallypoint.settings import Settings

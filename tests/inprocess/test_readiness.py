@@ -6,8 +6,8 @@ import asyncio
 
 from rallypoint.metrics import Metrics
 from rallypoint.model import Env
-from rallypoint.readiness import Readiness
 from rallypoint.reasons import Reason
+from rallypoint.rendezvous.readiness import Readiness
 
 
 class Clock:

@@ -17,12 +17,13 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
-from rallypoint import netinfo, ports, verify, wire
+from rallypoint import netinfo, ports, wire
 from rallypoint.auth import Authenticator
 from rallypoint.errors import AuthError, PortError
 from rallypoint.model import ClusterSpec
 from rallypoint.names import Resolution, Verdict, judge_own
 from rallypoint.reasons import auth_reason
+from rallypoint.rendezvous import namecheck as verify
 from rallypoint.sidecar import Sidecar
 from tests.fakes import FakeResolver
 from tests.support.cluster import (

@@ -13,7 +13,7 @@ import pytest
 from rallypoint import netinfo, server, wire
 from rallypoint.auth import Authenticator
 from rallypoint.model import ClusterSpec
-from rallypoint.rendezvous import Rendezvous
+from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.local import local_app
 from rallypoint.server.peer import PEER_MAX_BYTES, peer_app
 from rallypoint.settings import Settings

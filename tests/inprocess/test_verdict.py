@@ -8,9 +8,9 @@ import pytest
 
 from rallypoint import links, wire
 from rallypoint.errors import JoinRejected
-from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.reasons import Reason
+from rallypoint.rendezvous.masterbook import MasterBook
 
 HOSTS = ("m", "a", "b")
 SESSION = "s"

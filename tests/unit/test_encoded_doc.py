@@ -6,8 +6,8 @@ import gzip
 import hashlib
 
 from rallypoint import wire
-from rallypoint.masterbook import GZIP_MIN_BYTES, EncodedDoc
 from rallypoint.model import ClusterDoc, Member
+from rallypoint.rendezvous.masterbook import GZIP_MIN_BYTES, EncodedDoc
 
 
 def doc(generation: str, nnodes: int = 2) -> ClusterDoc:

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from rallypoint import render, wire, wirefields
 from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.errors import AuthError, PeerMessageError
-from rallypoint.masterbook import GZIP_MIN_BYTES, MasterBook
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, Member
+from rallypoint.rendezvous.masterbook import GZIP_MIN_BYTES, MasterBook
 
 TOKEN = "s3cret-token"
 BODY = b'{"members": []}'

@@ -72,15 +72,22 @@ def test_no_test_module_imports_another(path: Path) -> None:
 SRC = TESTS.parent / "src" / "rallypoint"
 
 
+def is_module(name: str) -> bool:
+    """Whether the dotted name is a module or package of src/rallypoint."""
+    path = SRC.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def rallypoint_imports(path: Path) -> set[str]:
     """The rallypoint modules a source file imports, type-checking-only imports included."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "rallypoint":
-                found |= {f"rallypoint.{alias.name}" for alias in node.names}
-            elif node.module.startswith("rallypoint."):
-                found.add(node.module)
+            if node.module == "rallypoint" or node.module.startswith("rallypoint."):
+                # `from rallypoint.cli import output` imports the module cli/output.py.
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    found.add(sub if is_module(sub) else node.module)
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("rallypoint.")}
     return found
@@ -102,6 +109,47 @@ def test_no_module_imports_itself_back_through_others() -> None:
             elif target not in path and target in graph and len(path) < 6:
                 visit(target, [*path, target])
 
-    for module in ("rallypoint.names", "rallypoint.settings", "rallypoint.tfconfig"):
+    for module in sorted(graph):
         visit(module, [module])
     assert not circles, f"import circles: {circles[:3]}"
+
+
+# --- the layers of docs/architecture.md, as the folders show them --------------------------
+
+#: The packages that build on the rest; what sits below them imports none of them.
+WINGS = ("cli", "server", "mdns", "providers", "rendezvous")
+#: The top level's modules that compose the wings (or are the entry point).
+COMPOSERS = {"__main__", "sidecar", "client", "demo"}
+ARCHITECTURE = TESTS.parent / "docs" / "architecture.md"
+
+
+def layers_picture() -> str:
+    """The first code block under docs/architecture.md's "## Layers"."""
+    text = ARCHITECTURE.read_text().split("## Layers", 1)[1]
+    return text.split("```", 2)[1]
+
+
+def test_every_top_level_module_and_package_has_its_place_in_the_layers_picture() -> None:
+    words = set(layers_picture().replace(",", " ").replace("/", " ").split())
+    top = {p.stem for p in SRC.glob("*.py")} | {p.name for p in SRC.iterdir() if p.is_dir()}
+    top -= {"__init__", "__main__", "__pycache__"}
+    missing = sorted(top - words)
+    assert not missing, f"docs/architecture.md's layers picture does not place {missing}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in SRC.glob("*.py") if p.stem not in COMPOSERS),
+    ids=lambda p: p.name,
+)
+def test_the_core_and_the_io_helpers_import_no_wing(path: Path) -> None:
+    wings = tuple(f"rallypoint.{wing}" for wing in WINGS)
+    found = sorted(m for m in rallypoint_imports(path) if m.startswith(wings))
+    assert not found, f"{path.name} imports {found}: only the wings and sidecar build on them"
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "rendezvous").glob("*.py")), ids=lambda p: p.name)
+def test_the_rendezvous_imports_no_other_wing(path: Path) -> None:
+    others = tuple(f"rallypoint.{wing}" for wing in WINGS if wing != "rendezvous")
+    found = sorted(m for m in rallypoint_imports(path) if m.startswith(others))
+    assert not found, f"rendezvous/{path.name} imports {found}"

@@ -10,8 +10,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from rallypoint import logs, master
+from rallypoint import logs
 from rallypoint.model import Member
+from rallypoint.rendezvous import master
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rallypoint"
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}

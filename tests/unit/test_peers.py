@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.names import Resolution, Verdict
-from rallypoint.peers import PeerTable
+from rallypoint.rendezvous.peers import PeerTable
 
 SPEC = ClusterSpec("explicit", ("a0", "a1", "a2"), 0, 3, "sess")
 

@@ -32,6 +32,10 @@ PURE = [
     "rallypoint.backoff",
     "rallypoint.clock",
     "rallypoint.wireclock",
+    "rallypoint.wirealive",
+    "rallypoint.links",
+    "rallypoint.liveness",
+    "rallypoint.mesh",
 ]
 FORBIDDEN = ["asyncio", "socket", "aiohttp", "zeroconf"]
 

@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import pkgutil
 
 import msgspec
 import pytest
 
+import rallypoint
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.settings import Settings
 
-MODULES = [
-    "client",
-    "connectivity",
-    "context",
-    "masterbook",
-    "mdns.txt",
-    "model",
-    "names",
-    "peers",
-    "ports",
-    "probe",
-    "reasons",
-    "settings",
-    "verify",
-    "wire",
-    "wirebatch",
-]
+#: Every module of the package, wherever it lives: a new module is checked without a list.
+MODULES = sorted(
+    info.name
+    for info in pkgutil.walk_packages(rallypoint.__path__, "rallypoint.")
+    if not info.name.startswith("rallypoint.__main__")
+)
 #: Changed in place, only through its PeerTable.
 MUTABLE = {"PeerState"}
 
@@ -35,7 +26,7 @@ MUTABLE = {"PeerState"}
 def _value_classes() -> list[type[msgspec.Struct]]:
     found = []
     for name in MODULES:
-        module = importlib.import_module(f"rallypoint.{name}")
+        module = importlib.import_module(name)
         found += [
             obj
             for obj in vars(module).values()

@@ -20,11 +20,11 @@ from rallypoint import wire
 from rallypoint.backoff import Backoff
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.links import LinkStat
-from rallypoint.masterbook import MasterBook, stale_generation
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.peerhttp import PeerClient
 from rallypoint.race import unless_set
 from rallypoint.reasons import Reason
+from rallypoint.rendezvous.masterbook import MasterBook, stale_generation
 from rallypoint.settings import Settings
 
 log = logging.getLogger("rallypoint.rendezvous")

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from rallypoint.metrics import Metrics
     from rallypoint.model import ClusterSpec
     from rallypoint.peerhttp import PeerClient, PeerEndpoint
-    from rallypoint.peers import PeerTable
-    from rallypoint.readiness import Readiness
+    from rallypoint.rendezvous.peers import PeerTable
+    from rallypoint.rendezvous.readiness import Readiness
     from rallypoint.resolve import Resolver
     from rallypoint.settings import Settings
 

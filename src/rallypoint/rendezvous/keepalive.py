@@ -16,9 +16,9 @@ import asyncio
 import logging
 
 from rallypoint import fanout, names, resolve, wirealive
-from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.liveness import Down, Watch, warning
+from rallypoint.rendezvous.context import NodeContext
 
 log = logging.getLogger("rallypoint.rendezvous")
 

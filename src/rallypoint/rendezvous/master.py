@@ -9,12 +9,12 @@ from typing import Any, Protocol
 
 from rallypoint import fanout, names, resolve, wire, wirebatch
 from rallypoint.clock import refused_reason
-from rallypoint.clustercheck import answer_reports, local_transport
-from rallypoint.context import NodeContext
 from rallypoint.errors import JoinRejected, PeerDown
-from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
+from rallypoint.rendezvous.clustercheck import answer_reports, local_transport
+from rallypoint.rendezvous.context import NodeContext
+from rallypoint.rendezvous.masterbook import MasterBook
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")

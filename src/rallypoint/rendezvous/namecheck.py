@@ -9,11 +9,11 @@ from collections.abc import Callable, Mapping
 import msgspec
 
 from rallypoint import derive, names, netinfo, resolve, wire
-from rallypoint.context import NodeContext
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.model import ClusterDoc, Env, Member, OverrideSource
 from rallypoint.names import Resolution
 from rallypoint.reasons import Reason
+from rallypoint.rendezvous.context import NodeContext
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
@@ -42,7 +42,7 @@ class Checked(msgspec.Struct, frozen=True):
     net: wire.NetFacts = msgspec.field(default_factory=wire.NetFacts)
 
 
-class Verifier:
+class NameCheck:
     """Checks the names of one spec's peers (retrying until the deadline) and derives the env."""
 
     def __init__(

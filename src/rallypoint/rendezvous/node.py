@@ -9,7 +9,7 @@ stable codes (docs/readiness.md).
 
 The parts: readiness.py (ready or why not), peers.py (what is known of each node),
 master.py beside masterbook.py (the master's role), worker.py (the worker's join loop),
-verification.py with verify.py and clustercheck.py (each document up to ready), status.py.
+verification.py with namecheck.py and clustercheck.py (each document up to ready), status.py.
 """
 
 from __future__ import annotations
@@ -22,38 +22,34 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import overload
 
-from rallypoint import (
-    connectivity,
-    fanout,
-    liveness,
-    probe,
-    status,
-    wire,
-    wirealive,
-    wirebatch,
-    wirefields,
-)
+from rallypoint import fanout, liveness, probe, wire, wirealive, wirebatch, wirefields
 from rallypoint.auth import Authenticator
 from rallypoint.clock import ClockEstimate, sender_host, with_facts
-from rallypoint.clustercheck import Transport, cancel_quietly, http_transport, local_transport
-from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, MeshUnavailable, PeerDown, PeerMessageError
-from rallypoint.keepalive import Keepalive
 from rallypoint.lifecycle import AsyncResource
-from rallypoint.master import Master, poke_host
-from rallypoint.masterbook import EncodedDoc, MasterBook
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSource
 from rallypoint.peerhttp import PeerClient, PeerEndpoint
-from rallypoint.peers import PeerTable
 from rallypoint.ports import HeldPort
-from rallypoint.readiness import Readiness
 from rallypoint.reasons import Reason, discovering_reason
-from rallypoint.relay import Relay
+from rallypoint.rendezvous import connectivity, status
+from rallypoint.rendezvous.clustercheck import (
+    Transport,
+    cancel_quietly,
+    http_transport,
+    local_transport,
+)
+from rallypoint.rendezvous.context import NodeContext
+from rallypoint.rendezvous.keepalive import Keepalive
+from rallypoint.rendezvous.master import Master, poke_host
+from rallypoint.rendezvous.masterbook import EncodedDoc, MasterBook
+from rallypoint.rendezvous.peers import PeerTable
+from rallypoint.rendezvous.readiness import Readiness
+from rallypoint.rendezvous.relay import Relay
+from rallypoint.rendezvous.verification import Verification
+from rallypoint.rendezvous.worker import Worker
 from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
-from rallypoint.verification import Verification
-from rallypoint.worker import Worker
 
 log = logging.getLogger(__name__)
 

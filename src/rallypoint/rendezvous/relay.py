@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 
 from rallypoint import fanout, wire, wirebatch
 from rallypoint.backoff import Backoff
-from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
-from rallypoint.masterbook import EncodedDoc, stale_generation, wait_until
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.race import unless_set
+from rallypoint.rendezvous.context import NodeContext
+from rallypoint.rendezvous.masterbook import EncodedDoc, stale_generation, wait_until
 from rallypoint.wirefields import dump
 
 log = logging.getLogger("rallypoint.rendezvous")

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from rallypoint import mesh, wire
-from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterSpec, OverrideSource
-from rallypoint.peers import PeerState, PeerTable
 from rallypoint.ports import HeldPort
-from rallypoint.readiness import Readiness
+from rallypoint.rendezvous.masterbook import MasterBook
+from rallypoint.rendezvous.peers import PeerState, PeerTable
+from rallypoint.rendezvous.readiness import Readiness
+from rallypoint.rendezvous.verification import Verification
 from rallypoint.settings import Settings
-from rallypoint.verification import Verification
 
 
 def round_s(value: float | None) -> float | None:

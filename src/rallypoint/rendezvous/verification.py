@@ -11,16 +11,17 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-from rallypoint import connectivity, wire
+from rallypoint import wire
 from rallypoint.backoff import Backoff
-from rallypoint.clustercheck import GenerationCheck, Transport, cancel_quietly
-from rallypoint.context import NodeContext
-from rallypoint.masterbook import MasterBook
 from rallypoint.model import ClusterDoc, Env, OverrideSource
 from rallypoint.names import Resolution
 from rallypoint.probe import Outcome
 from rallypoint.reasons import Reason
-from rallypoint.verify import Verifier
+from rallypoint.rendezvous import connectivity
+from rallypoint.rendezvous.clustercheck import GenerationCheck, Transport, cancel_quietly
+from rallypoint.rendezvous.context import NodeContext
+from rallypoint.rendezvous.masterbook import MasterBook
+from rallypoint.rendezvous.namecheck import NameCheck
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
@@ -52,7 +53,7 @@ class Verification:
         self._prober = prober
         self._transport = transport
         self._on_generation = on_generation
-        self._verify = Verifier(
+        self._names = NameCheck(
             ctx,
             user=user,
             on_peer_failure=self._show_peer_failure,
@@ -151,12 +152,12 @@ class Verification:
         try:
             while True:
                 _cancel(early)
-                checked = await self._verify.check(doc)
+                checked = await self._names.check(doc)
                 log.debug("names_checked", extra={"failures": len(checked.failures)})
                 self.ctx.readiness.verify_warnings = [checked.warning] if checked.warning else []
                 self.net = check.net = checked.net
                 outcome: Env | Reason = (
-                    checked.failures[0] if checked.failures else self._verify.derive(doc, checked)
+                    checked.failures[0] if checked.failures else self._names.derive(doc, checked)
                 )
                 if not isinstance(outcome, Reason):
                     break

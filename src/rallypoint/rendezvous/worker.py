@@ -10,11 +10,11 @@ from typing import Protocol
 from rallypoint import fanout, names, resolve, wire
 from rallypoint.backoff import Backoff
 from rallypoint.clock import skew_reason
-from rallypoint.context import NodeContext
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.race import unless_set
 from rallypoint.reasons import Reason, auth_reason
+from rallypoint.rendezvous.context import NodeContext
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")

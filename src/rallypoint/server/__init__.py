@@ -17,7 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from rallypoint.errors import PortError
 from rallypoint.lifecycle import AsyncResource
-from rallypoint.rendezvous import Rendezvous
+from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.common import log
 from rallypoint.server.local import local_app
 from rallypoint.server.peer import peer_app

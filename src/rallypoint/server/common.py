@@ -12,7 +12,7 @@ from aiohttp.typedefs import Middleware
 from rallypoint.auth import NONCE_HEADER
 from rallypoint.errors import AuthError, JoinRejected, PeerMessageError
 from rallypoint.reasons import auth_reason
-from rallypoint.rendezvous import Rendezvous
+from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.wireclock import stamp_json
 from rallypoint.wirefields import dump
 

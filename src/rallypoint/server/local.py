@@ -12,7 +12,7 @@ from rallypoint.errors import HostfileError, MeshUnavailable
 from rallypoint.metrics import content_type
 from rallypoint.model import Env
 from rallypoint.reasons import Reason
-from rallypoint.rendezvous import Rendezvous
+from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.common import NO_STORE, NODE, api_app, error_response, single_query
 
 #: Requests to the local API carry no body.

@@ -14,7 +14,7 @@ from rallypoint import wire, wirealive, wirebatch, wirefields
 from rallypoint.auth import NONCE_HEADER
 from rallypoint.errors import MeshUnavailable
 from rallypoint.reasons import Reason
-from rallypoint.rendezvous import Rendezvous
+from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.common import (
     NO_STORE,
     NODE,
