@@ -59,12 +59,6 @@ def wait_cleared(cluster: harness.Cluster) -> None:
         )
 
 
-def established(node: harness.Node, port: str) -> int:
-    """Established TCP connections to ``port`` in node's namespace."""
-    out = node.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"]).stdout
-    return len(out.splitlines())
-
-
 def start(make_cluster: harness.MakeCluster) -> harness.Cluster:
     cluster = make_cluster(hosts=HOSTS, args=("--keepalive", str(INTERVAL_S)))
     cluster.start_all()
@@ -96,12 +90,11 @@ def test_a_dead_node_under_a_running_job_is_named_by_every_other(
         for node in cluster
     }
     victim = cluster["sub2"]
-    master_port = served["main1"]["MASTER_PORT"] if served["main1"] else "0"
     try:
-        # Running: every worker's store connection to the master port is up.
+        # Running: every rank is past its first all-reduce.
         harness.wait_for(
-            lambda: established(cluster["main1"], master_port) >= len(HOSTS) - 1,
-            timeout_s=60.0, what="the job's store connections", describe=cluster.logs,
+            lambda: all("RUNNING rank=" in job.log() for job in jobs.values()),
+            timeout_s=60.0, what="every rank's first all-reduce", describe=cluster.logs,
         )  # fmt: skip
         # The node dies: its sidecar and its training process, no goodbye.
         jobs["sub2"].kill()

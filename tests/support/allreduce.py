@@ -102,6 +102,11 @@ def main() -> int:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         elapsed += time.monotonic() - started
         summed = summed and bool(torch.all(tensor == expected))
+        if step == 0 and steps > 1:
+            # Past init_process_group and one collective: a test that kills a peer "while the
+            # job runs" waits for this line, not for the store's connections (those are up
+            # before gloo's full mesh, and a peer killed inside that mesh can hang the rest).
+            os.write(1, f"RUNNING rank={rank}\n".encode())
     hosts: list[object] = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     dist.destroy_process_group()
