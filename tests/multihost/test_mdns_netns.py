@@ -11,6 +11,7 @@ import pytest
 from rallypoint.mdns import txt
 from tests.multihost import harness
 from tests.multihost.conftest import MakeCluster
+from tests.support import netns
 
 pytestmark = pytest.mark.multihost
 
@@ -67,3 +68,15 @@ def test_nodes_agree_on_ranks_and_refuse_a_rogue(make_cluster: MakeCluster) -> N
         assert status["seen_any"] is True
         assert [rogue, "signature"] in status["recent_rejections"], status
     assert results["rogue"]["order"] is None
+
+
+def test_the_host_has_no_address_on_the_bridge_so_no_host_announcer_reaches_the_nodes(
+    make_cluster: MakeCluster,
+) -> None:
+    cluster = make_cluster(hosts=("zulu", "alpha"))
+    ports = [cluster.bridge.name, *(node.veth for node in cluster)]
+    assert {port: netns.host_addresses(port) for port in ports} == {port: [] for port in ports}
+    # The nodes themselves still have theirs, link-local included (mDNS over IPv6 needs it).
+    first = next(iter(cluster))
+    inside = netns.sh(["ip", "-n", first.ns, "-6", "addr", "show", "dev", harness.IFNAME])
+    assert "fe80::" in inside.stdout

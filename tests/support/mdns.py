@@ -1,9 +1,20 @@
-"""Whether real mDNS can run on loopback here: the prerequisite of every loopback mDNS test."""
+"""Real mDNS on loopback for tests: whether it works here, and raw announcers of any record."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+from zeroconf import IPVersion
+from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+
+from rallypoint.mdns.txt import SERVICE_TYPE
+
+LOOPBACK = ["127.0.0.1"]
 
 
 def loopback_multicast_works() -> bool:
@@ -28,3 +39,26 @@ def loopback_multicast_works() -> bool:
             return rx.recv(64) == b"rallypoint-probe"
     except OSError:
         return False
+
+
+Properties = Mapping[str | bytes, str | bytes | None]
+
+
+@asynccontextmanager
+async def rogues(*records: Properties) -> AsyncIterator[list[str]]:
+    """Raw zeroconf announcers of SERVICE_TYPE with arbitrary TXT records; yields their labels."""
+    labels = [f"rogue-{uuid.uuid4().hex[:8]}" for _ in records]
+    async with AsyncZeroconf(interfaces=LOOPBACK, ip_version=IPVersion.V4Only) as azc:
+        infos = [
+            AsyncServiceInfo(
+                SERVICE_TYPE,
+                f"{label}.{SERVICE_TYPE}",
+                port=7781,
+                properties=dict(properties),
+                server=f"{label}.local.",
+                parsed_addresses=["127.0.0.1"],
+            )
+            for label, properties in zip(labels, records, strict=True)
+        ]
+        await asyncio.gather(*(azc.async_register_service(info) for info in infos))
+        yield labels

@@ -142,6 +142,19 @@ def write_hosts(ns: str, text: str) -> None:
         handle.truncate()
 
 
+def host_off_link(ifname: str) -> None:
+    """No address of the host on ``ifname`` (IPv6 disabled before it is up): a port only."""
+    knob = Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6")
+    if knob.exists():  # absent where the kernel has no IPv6: then there is nothing to do
+        knob.write_text("1\n")
+
+
+def host_addresses(ifname: str) -> list[str]:
+    """The host's own addresses on ``ifname`` (``ip -j addr``), link-local included."""
+    out = sh(["ip", "-j", "addr", "show", "dev", ifname]).stdout
+    return [a["local"] for link in json.loads(out or "[]") for a in link.get("addr_info", [])]
+
+
 class Bridge:
     """A private bridge and the rule that lets it forward to itself; close() removes both."""
 
@@ -155,6 +168,9 @@ class Bridge:
         # No multicast snooping: without an IGMP querier on the bridge it would stop
         # flooding mDNS (224.0.0.251, ff02::fb) to the ports after a while.
         sh(["ip", "link", "add", self.name, "type", "bridge", "mcast_snooping", "0"])
+        # The host takes no part: no address on the bridge (not even IPv6 link-local), so
+        # no mDNS announcer of the host's own (a user's sidecar) reaches the namespaces.
+        host_off_link(self.name)
         sh(["ip", "link", "set", self.name, "up"])
         if shutil.which("iptables") is not None:
             # Docker sets FORWARD's policy to DROP, and with br_netfilter bridged frames
@@ -175,6 +191,7 @@ class Bridge:
         sh(["ip", "netns", "add", ns])
         sh(["ip", "link", "add", veth, "type", "veth", "peer", "name", peer])
         sh(["ip", "link", "set", peer, "netns", ns])
+        host_off_link(veth)
         sh(["ip", "link", "set", veth, "master", self.name, "up"])
         inside = ["ip", "-n", ns]
         sh([*inside, "link", "set", peer, "name", IFNAME])
