@@ -65,7 +65,7 @@ def importtime(src: Path, statement: str) -> list[tuple[int, int, str]]:
 
 
 #: Everything `serve` imports before its listeners, mDNS on.
-SERVE = ("rallypoint.cli.fastserve", "rallypoint.sidecar", "rallypoint.mdns.announce",
+SERVE = ("rallypoint.cli.commands", "rallypoint.sidecar", "rallypoint.mdns.announce",
          "rallypoint.mdns.loop")  # fmt: skip
 
 #: A child that prints the wall ms of ``body``; ``setup`` runs before the clock starts.

@@ -7,20 +7,9 @@ configuration, 3 timed out). Everything else receives a frozen Settings and a ma
 
 from __future__ import annotations
 
-import sys
-
 
 def main() -> None:
     """Console-script entry point of `rallypoint`."""
-    args = sys.argv[1:]
-    if args[:1] == ["serve"]:
-        # `serve` starts every sidecar: its options are parsed without click when they can
-        # be (fastserve.py), and anything else goes to click below, which says what is wrong.
-        from rallypoint.cli import fastserve
-
-        code = fastserve.serve(args[1:])
-        if code is not None:
-            sys.exit(code)
     from rallypoint.cli.commands import app
 
     app.main(prog_name="rallypoint")

@@ -1,4 +1,4 @@
-"""Settings from option values and the variables they came from, without click (both paths)."""
+"""Settings from option values and the variables they came from; click stays in setup.py."""
 
 from __future__ import annotations
 

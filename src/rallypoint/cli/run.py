@@ -8,12 +8,13 @@ from typing import Any
 
 import click
 
-from rallypoint.cli import fastserve, rules
+from rallypoint.cli import rules
 from rallypoint.cli.options import format_option, opt, settings_options
 from rallypoint.cli.output import Command, emit
 from rallypoint.cli.setup import setup
 from rallypoint.errors import ConfigError
 from rallypoint.logs import one_line
+from rallypoint.settings import Settings
 
 
 @click.command(cls=Command)
@@ -21,7 +22,16 @@ from rallypoint.logs import one_line
 @click.pass_context
 def serve(ctx: click.Context, /, **_: Any) -> None:
     """Run the sidecar until SIGTERM or SIGINT."""
-    fastserve.run(*setup(ctx))
+    run_sidecar(*setup(ctx))
+
+
+def run_sidecar(settings: Settings, environ: dict[str, str]) -> None:
+    """What `serve` does once it has its Settings: run the sidecar until a signal stops it."""
+    import asyncio
+
+    from rallypoint import sidecar
+
+    asyncio.run(sidecar.run(settings, environ))
 
 
 @click.command(cls=Command)

@@ -1,6 +1,6 @@
 """The options that build Settings as data: flags, variables, defaults and rules, written once.
 
-click's commands (options.py) and `serve`'s fast path (fastserve.py) both read them.
+click's commands (options.py) declare them; the docs and tests read them too.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ UNSET: Final = _Unset()
 
 
 class Spec:
-    """One option: what click declares and what the fast path parses, from the same fields."""
+    """One option: what click declares, from plain fields."""
 
     __slots__ = (
         "decl", "default", "dest_given", "envvar", "flags", "help", "is_flag", "metavar",
@@ -53,22 +53,6 @@ class Spec:
         self.rule = rule if rule is not None else (rules.Bool() if self.is_flag else None)
         self.default, self.multiple = default, multiple
         self.show_default, self.metavar = show_default, metavar
-
-    def from_variable(self, text: str) -> Any:
-        """A variable's text as click hands it on: split into items when repeatable."""
-        return (self.rule or _TEXT).split(text) if self.multiple else text
-
-    def convert(self, value: Any) -> Any:
-        """A value as click's type cast makes it: None stays None (or () when repeatable)."""
-        if value is None:
-            return () if self.multiple else None
-        convert = self.rule or _TEXT
-        if self.multiple:
-            return tuple(convert(item) for item in value)
-        return convert(value)
-
-
-_TEXT = rules.Rule()
 
 
 _S = Settings()
