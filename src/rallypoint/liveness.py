@@ -85,7 +85,12 @@ class Watch:
         if last is None:
             return
         at = self._clock() - max(0.0, age_s)
-        if at > last:
+        # A relay's age arrives a transit time late, so the same last word looks a little
+        # newer each time it is passed on: only a word half an interval newer is news (a
+        # live member is heard by its relay every interval). Else the relay's keep-alives
+        # would wipe the cause our own check found and keep the silence from growing.
+        news = at - last >= self.interval_s / 2 if age_s > 0 else at > last
+        if news:
             self._heard[rank] = at
             self._failure.pop(rank, None)
 

@@ -59,6 +59,23 @@ def test_a_relays_ages_count_as_heard_that_long_ago() -> None:
     assert w.silent_s(2) == pytest.approx(3.0)
 
 
+def test_the_same_last_word_passed_on_late_keeps_the_silence_and_its_cause() -> None:
+    # A relay's age of a dead member reaches us a transit time after it was measured, so
+    # the member's last word looks a little newer at every keep-alive. It is not news: the
+    # silence keeps growing and the cause our own check found stays.
+    w, clock = watch()
+    w.track([1])
+    clock.now += 5.0
+    w.failed(1, "refused", "10.0.0.1:7781: refused")
+    for _ in range(3):
+        clock.now += 0.05
+        w.heard(1, age_s=(w.silent_s(1) or 0.0) - 0.01)  # measured 10 ms before it arrived
+    assert [(d.rank, d.cause) for d in w.own()] == [(1, "refused")]
+    assert w.silent_s(1) == pytest.approx(5.15)
+    w.heard(1, age_s=0.2)  # the relay heard it again: news
+    assert w.own() == [] and w.silent_s(1) == pytest.approx(0.2)
+
+
 def test_the_view_adds_the_upstreams_findings_but_not_against_our_own_evidence() -> None:
     w, clock = watch(rank=3)
     w.track([0])
