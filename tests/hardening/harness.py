@@ -39,20 +39,14 @@ REQUEST_TIMEOUT_S = 10.0
 
 # Hypothesis profiles: CI runs the full budget (>= 10,000 generated cases across the fuzz
 # tests of this directory), a local run a small sample. Tests take a share with `fuzz(share)`.
-settings.register_profile(
-    "hardening-ci",
-    max_examples=2000,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    print_blob=True,
-)
-settings.register_profile(
-    "hardening-local",
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    print_blob=True,
-)
+for _name, _examples in (("hardening-ci", 2000), ("hardening-local", 100)):
+    settings.register_profile(
+        _name,
+        max_examples=_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        print_blob=True,
+    )
 PROFILE = settings.get_profile(
     os.environ.get("RALLYPOINT_HARDENING_PROFILE", "hardening-ci" if IN_CI else "hardening-local")
 )

@@ -18,7 +18,13 @@ from aiohttp import web
 
 from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.sidecar import Sidecar
-from tests.support.cluster import SESSION, all_ready, cluster, codes, start_all, until
+from tests.support.cluster import (
+    SESSION,
+    cluster,
+    codes,
+    ready_cluster,
+    until,
+)
 
 
 def ahead(seconds: float) -> Callable[[], float]:
@@ -37,9 +43,7 @@ def cluster_clock(master: Sidecar) -> dict[str, object]:
 
 @pytest.mark.parametrize("token", ["s3cret", None], ids=["token", "no-token"])
 async def test_a_worker_ten_minutes_ahead_joins_and_is_named(token: str | None) -> None:
-    async with cluster(3, token=token, clocks={2: ahead(600)}) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(3, token=token, clocks={2: ahead(600)}) as c:
         master, skewed = c.nodes[0], c.nodes[2]
         verdict = master.node.book.verdict  # type: ignore[union-attr]
         assert verdict is not None and verdict.verified
@@ -63,17 +67,13 @@ async def test_a_worker_ten_minutes_ahead_joins_and_is_named(token: str | None) 
 
 
 async def test_a_worker_behind_is_named_as_behind() -> None:
-    async with cluster(2, token="s3cret", clocks={1: ahead(-600)}) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(2, token="s3cret", clocks={1: ahead(-600)}) as c:
         [warning] = clock_warnings(c.nodes[0])
         assert warning.startswith("node1's clock is 600.") and "s behind the master's" in warning
 
 
 async def test_offsets_below_a_second_give_no_warning() -> None:
-    async with cluster(3, token="s3cret", clocks={1: ahead(0.4), 2: ahead(-0.4)}) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(3, token="s3cret", clocks={1: ahead(0.4), 2: ahead(-0.4)}) as c:
         assert [w for w in c.nodes[0].node.warnings() if "clock" in w] == []
         offsets = cluster_clock(c.nodes[0])
         assert offsets["node1"] == pytest.approx(0.4, abs=0.2)
@@ -84,9 +84,7 @@ async def test_a_member_behind_a_relay_is_measured_against_the_master() -> None:
     """The relay (rank 3, itself 5 s behind) answers rank 4's joins on its corrected clock."""
     tree = {rank: {"relay_group_size": 3} for rank in range(7)}
     clocks = {3: ahead(-5), 4: ahead(600)}
-    async with cluster(7, token="s3cret", per_node=tree, clocks=clocks) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(7, token="s3cret", per_node=tree, clocks=clocks) as c:
         assert c.nodes[4].node.master_target == ("127.0.0.1", c.peer_ports["node3"])
         offsets = cluster_clock(c.nodes[0])
         assert offsets["node3"] == pytest.approx(-5, abs=1)
@@ -213,9 +211,7 @@ async def test_a_join_answer_with_a_bad_clock_is_a_clear_error(clock: object, fi
 
 
 async def test_an_absurd_clock_claim_in_a_report_is_refused_by_the_master() -> None:
-    async with cluster(2) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(2) as c:
         doc = c.nodes[0].node.doc
         assert doc is not None
         report = {
@@ -237,9 +233,7 @@ async def test_an_absurd_clock_claim_in_a_report_is_refused_by_the_master() -> N
 
 async def test_a_clock_that_steps_after_ready_is_measured_again() -> None:
     step = [0.0]
-    async with cluster(2, token="s3cret", clocks={1: lambda: time.time() + step[0]}) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(2, token="s3cret", clocks={1: lambda: time.time() + step[0]}) as c:
         worker = c.nodes[1]
         assert worker.node.offsets.offset_s == pytest.approx(0, abs=0.5)
         step[0] = 600.0  # beyond the signatures' 30 s: its next long-poll is refused

@@ -18,7 +18,7 @@ from rallypoint import ports, probe
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from tests.conftest import require
-from tests.support.cluster import Cluster, all_ready, codes, until
+from tests.support.cluster import Cluster, all_ready, codes, moved_on, until
 from tests.support.steered import FAST, Steered, closed_port, start_steered
 from tests.support.tcpstore import run_tcpstore, torch_available
 
@@ -237,8 +237,7 @@ async def test_a_busy_master_window_is_excused_when_the_job_already_listens() ->
         await c.stop(1)
         c.route = c.route_for(1)  # type: ignore[method-assign]
         await c.start(1)
-        await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
-        await all_ready(c)
+        await moved_on(c, old)
         windows = c.nodes[0].node.windows
         assert windows is not None
         report = c.nodes[0].node.book.reports[0] if c.nodes[0].node.book else None

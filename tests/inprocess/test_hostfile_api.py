@@ -17,7 +17,7 @@ from rallypoint.server.local import local_app
 from rallypoint.server.peer import peer_app
 from rallypoint.settings import Settings
 from tests.fakes import FakeResolver
-from tests.support.api import SESSION, Client, checked, join_body
+from tests.support.api import SESSION, Client, checked, join_while_waiting, not_ready
 
 MakeNode = Callable[..., Awaitable[Rendezvous]]
 
@@ -29,17 +29,10 @@ async def test_hostfile_lists_every_node_in_rank_order_once_ready(
     peer = await aiohttp_client(peer_app(node))
     local = await aiohttp_client(local_app(node))
     await asyncio.sleep(0)
-    resp = await local.get("/hostfile")
-    assert resp.status == 503
-    body = json.loads(await checked(resp, "GET", "/hostfile"))
+    body = await not_ready(local, "/hostfile")
     assert body["reasons"][0]["code"] == "waiting_for_join"
 
-    waiting = asyncio.ensure_future(local.get("/hostfile", params={"wait": "60"}))
-    await asyncio.sleep(0.05)
-    assert not waiting.done()
-    join = await peer.post("/v1/join", data=join_body())
-    assert join.status == 200
-    answer = wire.parse_join_answer(await checked(join, "POST", "/v1/join"))
+    waiting, answer = await join_while_waiting(local, peer, "/hostfile")
     assert answer.generation is not None
     # Ready needs the worker's report of its checks (the cluster-wide verdict).
     report = wire.Report(SESSION, answer.generation, 1, "node1", passed=True)

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from rallypoint.sidecar import Sidecar
-from tests.support.cluster import Cluster, all_ready, cluster, start_all, until
+from tests.support.cluster import Cluster, all_ready, cluster, ready_cluster, until
 
 TOKEN = "liveness-test-secret"
 #: A keep-alive every 0.2 s: a silent peer is named after 0.8 s.
@@ -40,9 +40,7 @@ def per_node(n: int, **extra: object) -> dict[int, dict[str, object]]:
 
 
 async def test_a_dead_worker_is_named_everywhere_and_cleared_when_back() -> None:
-    async with cluster(4, token=TOKEN, per_node=per_node(4)) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(4, token=TOKEN, per_node=per_node(4)) as c:
         before = {r: s.node.env for r, s in c.nodes.items()}
         await c.stop(2)
         await until(lambda: named_everywhere(c, "node2", but=2))
@@ -69,9 +67,7 @@ async def test_a_dead_worker_is_named_everywhere_and_cleared_when_back() -> None
 
 
 async def test_a_dead_master_is_named_by_every_worker_itself() -> None:
-    async with cluster(3, token=TOKEN, per_node=per_node(3)) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
         await c.stop(0)
         await until(lambda: named_everywhere(c, "node0", but=0))
         for rank in (1, 2):
@@ -87,9 +83,7 @@ async def test_a_dead_master_is_named_by_every_worker_itself() -> None:
 async def test_in_a_tree_a_dead_relay_and_a_dead_member_are_named() -> None:
     # Groups of 2 over 5 ranks: the master serves rank 1; rank 2 relays for rank 3; rank 4
     # relays for nobody.
-    async with cluster(5, token=TOKEN, per_node=per_node(5, relay_group_size=2)) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(5, token=TOKEN, per_node=per_node(5, relay_group_size=2)) as c:
         await c.stop(3)  # heard of by the master only through relay 2's keep-alives
         await until(lambda: named_everywhere(c, "node3", but=3))
         assert down(c.nodes[0])["node3"]["cause"] == "refused"
@@ -106,17 +100,13 @@ async def test_in_a_tree_a_dead_relay_and_a_dead_member_are_named() -> None:
 
 
 async def test_keepalive_off_has_no_watch() -> None:
-    async with cluster(2, per_node=per_node(2, keepalive_s=0.0)) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(2, per_node=per_node(2, keepalive_s=0.0)) as c:
         section = c.nodes[1].node.status()["liveness"]
         assert section == {"enabled": False, "watching": False, "down": []}
 
 
 async def test_bad_keepalives_are_refused_with_one_line() -> None:
-    async with cluster(2, per_node=per_node(2)) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(2, per_node=per_node(2)) as c:
         async with aiohttp.ClientSession() as http:
             for body, code in [
                 (b"[]", "bad_request"),

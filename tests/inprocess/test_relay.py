@@ -11,7 +11,17 @@ import json
 import aiohttp
 
 from rallypoint.sidecar import Sidecar
-from tests.support.cluster import Cluster, all_ready, cluster, codes, start_all, until
+from tests.support.cluster import (
+    Cluster,
+    all_ready,
+    cluster,
+    codes,
+    ready_cluster,
+    restart,
+    start_all,
+    tried_the_master,
+    until,
+)
 from tests.support.ports import black_hole
 
 N = 7
@@ -39,9 +49,7 @@ def same_envs(c: Cluster) -> None:
 
 
 async def test_a_relay_batches_its_group_for_the_master() -> None:
-    async with cluster(N, token="s3cret", per_node=TREE) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(N, token="s3cret", per_node=TREE) as c:
         same_envs(c)
         master, relay = c.nodes[0], c.nodes[3]
         # Ranks 4 and 5 joined and reported through rank 3, never the master itself.
@@ -94,14 +102,8 @@ async def test_a_failure_in_the_group_reaches_every_node_through_the_relay() -> 
 
 
 async def test_a_master_restart_reaches_the_group_through_its_relay() -> None:
-    async with cluster(N, per_node=TREE) as c:
-        await start_all(c)
-        await all_ready(c)
-        old = c.nodes[4].node.generation
-        await c.stop(0)
-        await c.start(0)
-        await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
-        await all_ready(c)
+    async with ready_cluster(N, per_node=TREE) as c:
+        await restart(c, 0)
         same_envs(c)
         # The new master heard of ranks 4 and 5 from the relay's batch.
         assert requests(c.nodes[0], "/v1/joins") >= 1
@@ -129,9 +131,7 @@ async def test_members_of_a_filtered_relay_do_not_wait_out_their_timeout() -> No
 
 
 async def test_a_relay_counts_the_batches_the_master_did_not_take() -> None:
-    async with cluster(N, per_node=TREE) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(N, per_node=TREE) as c:
         await c.stop(0)
         await c.stop(4)
         await c.start(4)  # joins its relay, whose batch cannot reach the master
@@ -142,14 +142,8 @@ async def test_a_relay_counts_the_batches_the_master_did_not_take() -> None:
 
 
 async def test_a_restarted_relay_serves_its_group_again() -> None:
-    async with cluster(N, per_node=TREE) as c:
-        await start_all(c)
-        await all_ready(c)
-        old = c.nodes[4].node.generation
-        await c.stop(3)
-        await c.start(3)
-        await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
-        await all_ready(c)
+    async with ready_cluster(N, per_node=TREE) as c:
+        await restart(c, 3)
         same_envs(c)
 
 
@@ -157,18 +151,14 @@ async def test_a_node_that_is_no_relay_sends_the_member_to_the_master() -> None:
     """Rank 4 thinks rank 3 relays for it; rank 3 was told otherwise (no tree)."""
     per_node = dict(TREE)
     per_node[3] = {"relay_group_size": 0}
-    async with cluster(N, per_node=per_node) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(N, per_node=per_node) as c:
         same_envs(c)
         assert requests(c.nodes[3], "/v1/join", "409") >= 1
         assert c.nodes[4].node.master_target == ("127.0.0.1", c.peer_ports["node0"])
 
 
 async def test_a_relay_refuses_what_is_not_its_groups() -> None:
-    async with cluster(N, per_node=TREE) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(N, per_node=TREE) as c:
         body = {"session": "sess-1", "rank": 1, "host": "node1", "addresses": []}
         async with (
             aiohttp.ClientSession() as http,
@@ -193,16 +183,7 @@ async def test_a_master_that_starts_last_gets_the_groups_through_their_relay() -
     async with cluster(N, per_node=per_node) as c:
         for rank in range(1, N):
             await c.start(rank)
-        await until(
-            lambda: all(
-                c.nodes[r].metrics.value(
-                    "rallypoint_join_attempts_total", result="master_unreachable"
-                )
-                >= 1
-                for r in (4, 5)
-            ),
-            timeout_s=30,
-        )
+        await tried_the_master(c, (4, 5), timeout_s=30)
         await c.start(0)
         await all_ready(c, timeout_s=60)
         same_envs(c)

@@ -33,7 +33,10 @@ from tests.support.cluster import (
     all_ready,
     cluster,
     codes,
+    ready_cluster,
+    restart,
     start_all,
+    tried_the_master,
     until,
 )
 from tests.support.ports import free_port
@@ -41,9 +44,7 @@ from tests.support.settings import fast_settings
 
 
 async def test_three_nodes_agree_on_the_rendezvous() -> None:
-    async with cluster(3) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(3) as c:
         envs = {r: s.node.env.as_dict() for r, s in c.nodes.items() if s.node.env}
         master_port = c.nodes[0].node.held["master"].port
         for rank, env in envs.items():
@@ -191,14 +192,8 @@ async def test_peer_name_that_appears_late() -> None:
 
 
 async def test_master_restart_is_picked_up_by_workers() -> None:
-    async with cluster(3) as c:
-        await start_all(c)
-        await all_ready(c)
-        old = c.nodes[1].node.generation
-        await c.stop(0)
-        await c.start(0)
-        await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
-        await all_ready(c)
+    async with ready_cluster(3) as c:
+        old = await restart(c, 0)
         new = {s.node.generation for s in c.nodes.values()}
         assert len(new) == 1 and old not in new
         for rank in (1, 2):
@@ -213,15 +208,7 @@ async def test_a_late_master_pokes_waiting_workers() -> None:
     async with cluster(3, per_node={1: slow, 2: slow}) as c:
         await c.start(1)
         await c.start(2)
-        await until(
-            lambda: all(
-                c.nodes[r].metrics.value(
-                    "rallypoint_join_attempts_total", result="master_unreachable"
-                )
-                >= 1
-                for r in (1, 2)
-            )
-        )
+        await tried_the_master(c, (1, 2))
         await c.start(0)
         await all_ready(c, timeout_s=60)
         for rank in (1, 2):
@@ -260,9 +247,7 @@ def _join_body(rank: int, host: str, session: str = SESSION) -> bytes:
 async def test_bad_signatures_are_rejected_and_counted(
     signer: str | None, replay: bool, reason: str
 ) -> None:
-    async with cluster(2, token="s3cret") as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(2, token="s3cret") as c:
         body = _join_body(1, "node1")
         headers = {"Content-Type": "application/json"}
         if signer is not None:
@@ -325,9 +310,7 @@ async def test_a_taken_preferred_port_is_skipped_and_reported() -> None:
     with socket.socket() as thief:
         thief.bind(("0.0.0.0", 0))
         taken = int(thief.getsockname()[1])
-        async with cluster(2, per_node={0: {"master_port": taken}}) as c:
-            await start_all(c)
-            await all_ready(c)
+        async with ready_cluster(2, per_node={0: {"master_port": taken}}) as c:
             ports = c.nodes[0].node.status()["ports"]
             master = ports["master"]  # type: ignore[index]
             assert master["port"] != taken
@@ -450,9 +433,7 @@ async def _poke(c: Cluster, rank: int) -> None:
 async def test_a_generation_change_pokes_workers_out_of_their_backoff() -> None:
     """Worker 2 sleeps an hour after losing the master; only the master's poke wakes it."""
     slow = {"backoff_initial_s": 3600.0, "backoff_max_s": 3600.0}
-    async with cluster(3, per_node={2: slow}) as c:
-        await start_all(c)
-        await all_ready(c)
+    async with ready_cluster(3, per_node={2: slow}) as c:
         old = c.nodes[0].node.generation
         # Worker 2 loses the master's name, is made to re-join, fails and sleeps.
         c.resolvers[2].remove("node0")

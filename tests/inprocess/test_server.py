@@ -20,7 +20,15 @@ from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
 from tests.conftest import require
 from tests.fakes import FakeResolver
-from tests.support.api import OPENAPI, SESSION, Client, checked, join_body
+from tests.support.api import (
+    OPENAPI,
+    SESSION,
+    Client,
+    checked,
+    join_body,
+    join_while_waiting,
+    not_ready,
+)
 
 
 def test_openapi_schemas_are_valid_json_schema() -> None:
@@ -57,21 +65,14 @@ async def test_env_not_ready_then_wait_until_a_join(
     peer = await aiohttp_client(peer_app(node))
     local = await aiohttp_client(local_app(node))
     await asyncio.sleep(0)
-    resp = await local.get("/env")
-    assert resp.status == 503
-    body = json.loads(await checked(resp, "GET", "/env"))
+    body = await not_ready(local, "/env")
     assert body["reasons"][0]["code"] == "waiting_for_join"
     assert body["reasons"][0]["ranks"] == [1]
     resp = await local.get("/readyz")
     assert resp.status == 503
     assert (await checked(resp, "GET", "/readyz")).startswith(b"not ready: waiting_for_join")
 
-    waiting = asyncio.ensure_future(local.get("/env", params={"wait": "60"}))
-    await asyncio.sleep(0.05)
-    assert not waiting.done()
-    join = await peer.post("/v1/join", data=join_body())
-    assert join.status == 200
-    answer = wire.parse_join_answer(await checked(join, "POST", "/v1/join"))
+    waiting, answer = await join_while_waiting(local, peer, "/env")
     assert answer.joined == 2 and answer.epoch == node.epoch
     assert answer.generation is not None
     await asyncio.sleep(0.05)

@@ -18,7 +18,6 @@ import json
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint import fanout
-from tests.multihost import harness, history
+from tests.multihost import clients, harness, history
 from tests.multihost.history import DOWN, PAUSED, STARTING, UP, Sample, Usage, Violation
 from tests.support import allreduce, netns
 
@@ -460,24 +459,19 @@ class Campaign:
             return
         self.jobs_run += 1
         job = [sys.executable, allreduce.__file__, "--timeout", "30", "--mib", "4", "--steps", "5"]
-        procs = {
-            name: self.node(name).spawn(
-                [*job, "--env-json", json.dumps(env)], env={"OMP_NUM_THREADS": "1"}, label="torch"
-            )
-            for name, env in envs.items()
-        }
-        deadline = time.monotonic() + JOB_TIMEOUT_S
-        failed = []
-        for name, proc in procs.items():
-            try:
-                code: int | None = proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = None
-            if code != 0 or '"ok": true' not in proc.log():
-                failed.append(f"{name} exit {code} ({proc.log_path})")
+        outcomes = clients.run_clients(
+            [self.node(name) for name in envs],
+            lambda node: [*job, "--env-json", json.dumps(envs[node.name])],
+            timeout_s=JOB_TIMEOUT_S,
+            label="torch",
+        )
+        failed = [
+            f"{name} exit {o.code} ({o.log[-300:].strip()})"
+            for name, o in outcomes.items()
+            if o.code != 0 or not o.results or not all(r.get("ok") for r in o.results)
+        ]
         if failed:
-            self.violate("job", ",".join(procs), f"round {number}: " + "; ".join(failed))
+            self.violate("job", ",".join(envs), f"round {number}: " + "; ".join(failed))
         else:
             self.jobs_completed += 1
 

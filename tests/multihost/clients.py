@@ -105,6 +105,16 @@ def parse_results(text: str) -> list[dict[str, Any]]:
     return results
 
 
+def one_full_sum_each(outcomes: Mapping[str, Outcome], total: float) -> dict[str, dict[str, Any]]:
+    """Every node's client exited 0 with one result whose all-reduced sum is ``total``."""
+    report = describe(outcomes)
+    for outcome in outcomes.values():
+        assert outcome.code == 0 and len(outcome.results) == 1, report
+        result = outcome.results[0]
+        assert result["ok"] and result["sum"] == result["expected"] == total, report
+    return {name: outcome.results[0] for name, outcome in outcomes.items()}
+
+
 def describe(outcomes: Mapping[str, Outcome], tail_lines: int = 25) -> str:
     """Exit codes and log tails, for assertion messages."""
     parts = []

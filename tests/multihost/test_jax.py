@@ -40,11 +40,7 @@ def test_jax_collective_runs_on_the_served_env(make_cluster: MakeCluster, family
     outcomes = clients.run_script(list(cluster), "jax_allreduce.py", timeout_s=JOB_S, label="jax")
 
     # ... while JAX's gRPC coordinator binds it, and every process sees every contribution.
-    report = clients.describe(outcomes)
-    for name, outcome in outcomes.items():
-        assert outcome.code == 0 and len(outcome.results) == 1, report
-        result = outcome.results[0]
-        assert result["ok"] and result["sum"] == result["expected"] == 6.0, report
+    for name, result in clients.one_full_sum_each(outcomes, 6.0).items():
         assert result["process_count"] == 3
         assert result["process_id"] == order.index(name)
         assert result["host"] == name

@@ -56,10 +56,6 @@ def test_multi_worker_all_reduce_runs_on_the_served_tf_config(
     outcomes = clients.run_script(list(cluster), "tf_allreduce.py", timeout_s=JOB_S, label="tf")
 
     # ... while TensorFlow's gRPC server binds it, and every task gets the full sum.
-    report = clients.describe(outcomes)
-    for name, outcome in outcomes.items():
-        assert outcome.code == 0 and len(outcome.results) == 1, report
-        result = outcome.results[0]
-        assert result["ok"] and result["sum"] == result["expected"] == 6.0, report
+    for name, result in clients.one_full_sum_each(outcomes, 6.0).items():
         assert result["replicas"] == 3 and result["host"] == name
         assert result["task"] == configs[name]["task"]

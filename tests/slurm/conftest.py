@@ -164,3 +164,14 @@ def check_every_rank(
         assert env["SLURMD_NODENAME"] == line["host"], line
         assert int(env["GROUP_RANK"]) == nodes.index(line["host"]), line
     return lines
+
+
+def run_guide(
+    slurm: slurm_cluster.SlurmCluster, name: str, env: dict[str, str]
+) -> tuple[slurm_cluster.Job, list[dict[str, Any]]]:
+    """The guide's batch script on every node with the torch client as train.py: the job,
+    and every rank's line once check_every_rank passed."""
+    job = slurm.run_job(
+        runnable_guide_script(), name, args=[f"--nodes={NODES}"], env=env, files={"train.py": TRAIN}
+    )
+    return job, check_every_rank(job, slurm_cluster.NODES, NPROC_PER_NODE)

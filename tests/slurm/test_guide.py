@@ -5,13 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.slurm import cluster as slurm_cluster
-from tests.slurm.conftest import (
-    NODES,
-    NPROC_PER_NODE,
-    TRAIN,
-    check_every_rank,
-    runnable_guide_script,
-)
+from tests.slurm.conftest import run_guide
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
@@ -19,15 +13,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 def test_guide_script_runs_every_rank(
     slurm: slurm_cluster.SlurmCluster, job_env: dict[str, str]
 ) -> None:
-    job = slurm.run_job(
-        runnable_guide_script(),
-        "guide",
-        args=[f"--nodes={NODES}"],
-        env=job_env,
-        files={"train.py": TRAIN},
-    )
+    job, lines = run_guide(slurm, "guide", job_env)
     assert job.nodes == slurm_cluster.NODELIST, job.describe()
-    lines = check_every_rank(job, slurm_cluster.NODES, NPROC_PER_NODE)
     # The first node of SLURM_JOB_NODELIST is the master. Its port is 29500 unless that
     # port is busy there (a previous job's connections in TIME_WAIT are enough).
     env = lines[0]["env"]

@@ -11,13 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm import cluster as slurm_cluster
-from tests.slurm.conftest import (
-    NODES,
-    NPROC_PER_NODE,
-    TRAIN,
-    check_every_rank,
-    runnable_guide_script,
-)
+from tests.slurm.conftest import run_guide
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
@@ -33,14 +27,7 @@ def test_own_names_on_127_0_1_1_with_a_pinned_interface(
     """
     for name in slurm_cluster.NODES:
         slurm.pin_own_name(name)
-    job = slurm.run_job(
-        runnable_guide_script(),
-        "loopback",
-        args=[f"--nodes={NODES}"],
-        env=job_env,
-        files={"train.py": TRAIN},
-    )
-    lines = check_every_rank(job, slurm_cluster.NODES, NPROC_PER_NODE)
+    job, lines = run_guide(slurm, "loopback", job_env)
     for line in lines:
         assert line["own_address"] == "127.0.1.1", line  # the situation was real
         assert line["env"]["GLOO_SOCKET_IFNAME"] == slurm_cluster.IFNAME, line
@@ -94,14 +81,7 @@ def test_port_still_held_by_the_previous_job_on_the_master(
         time.sleep(1)
         assert Path(f"/proc/{holder}").exists(), previous.describe()
         assert holder in slurm.strays(master)
-        job = slurm.run_job(
-            runnable_guide_script(),
-            "after-previous",
-            args=[f"--nodes={NODES}"],
-            env=job_env,
-            files={"train.py": TRAIN},
-        )
-        lines = check_every_rank(job, slurm_cluster.NODES, NPROC_PER_NODE)
+        _, lines = run_guide(slurm, "after-previous", job_env)
         ports = {line["env"]["MASTER_PORT"] for line in lines}
         assert len(ports) == 1 and ports != {"29500"}, ports
         assert Path(f"/proc/{holder}").exists(), "the holder should still hold 29500"

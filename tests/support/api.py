@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,6 +42,26 @@ async def checked(resp: ClientResponse, method: str, path: str) -> bytes:
     value: object = json.loads(body) if media == "application/json" else body.decode()
     jsonschema.validate(value, schema, cls=jsonschema.Draft202012Validator)
     return body
+
+
+async def not_ready(local: TestClient[Any, Any], path: str) -> dict[str, Any]:
+    """GET ``path`` of the local API: 503, with its documented body, parsed."""
+    resp = await local.get(path)
+    assert resp.status == 503
+    body: dict[str, Any] = json.loads(await checked(resp, "GET", path))
+    return body
+
+
+async def join_while_waiting(
+    local: TestClient[Any, Any], peer: TestClient[Any, Any], path: str
+) -> tuple[asyncio.Future[ClientResponse], wire.JoinAnswer]:
+    """A long-poll of ``path`` that is still waiting, then node1's join: both, to await on."""
+    waiting = asyncio.ensure_future(local.get(path, params={"wait": "60"}))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    join = await peer.post("/v1/join", data=join_body())
+    assert join.status == 200
+    return waiting, wire.parse_join_answer(await checked(join, "POST", "/v1/join"))
 
 
 def join_body(session: str = SESSION, host: str = "node1") -> bytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -106,6 +106,15 @@ async def cluster(n: int, **kwargs: object) -> AsyncIterator[Cluster]:
         await c.close()
 
 
+@asynccontextmanager
+async def ready_cluster(n: int, **kwargs: object) -> AsyncIterator[Cluster]:
+    """A cluster of n nodes, every one started and ready."""
+    async with cluster(n, **kwargs) as c:
+        await start_all(c)
+        await all_ready(c)
+        yield c
+
+
 async def start_all(c: Cluster) -> None:
     for rank in range(c.n):
         await c.start(rank)
@@ -128,6 +137,33 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
     while not predicate():
         assert loop.time() < end, "condition never held"
         await asyncio.sleep(0.01)
+
+
+async def moved_on(c: Cluster, old: str | None) -> None:
+    """Every node on a generation other than ``old``, and ready on it."""
+    await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
+    await all_ready(c)
+
+
+async def restart(c: Cluster, rank: int) -> str | None:
+    """Stop and start one node, then wait until every node is ready on a new generation;
+    the generation before, which no node serves any longer."""
+    old = c.nodes[(rank + 1) % c.n].node.generation
+    await c.stop(rank)
+    await c.start(rank)
+    await moved_on(c, old)
+    return old
+
+
+async def tried_the_master(c: Cluster, ranks: Iterable[int], timeout_s: float = 20.0) -> None:
+    """Each of ``ranks`` counted at least one join attempt that found no master."""
+    wanted = tuple(ranks)
+
+    def tried(rank: int) -> bool:
+        metrics = c.nodes[rank].metrics
+        return metrics.value("rallypoint_join_attempts_total", result="master_unreachable") >= 1
+
+    await until(lambda: all(tried(rank) for rank in wanted), timeout_s=timeout_s)
 
 
 def codes(sidecar: Sidecar) -> set[str]:
