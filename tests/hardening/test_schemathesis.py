@@ -36,7 +36,8 @@ CHECKS = [
     response_headers_conformance,
 ]
 LOCAL = [("GET", path) for path in ("/env", "/readyz", "/livez", "/status", "/metrics")]
-PEER = [("POST", "/v1/join"), ("GET", "/v1/cluster"), ("GET", "/v1/ready"), ("POST", "/v1/poke")]
+PEER = [("POST", "/v1/join"), ("GET", "/v1/cluster"), ("GET", "/v1/ready"), ("POST", "/v1/poke"),
+        ("POST", "/v1/alive")]  # fmt: skip
 
 
 def cases(method: str, path: str) -> st.SearchStrategy[Any]:

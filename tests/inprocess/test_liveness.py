@@ -8,11 +8,13 @@ cause the master finds is "refused". Paused and cut-off nodes are the multi-host
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
 
 from rallypoint.sidecar import Sidecar
+from tests.support.api import checked
 from tests.support.cluster import Cluster, all_ready, cluster, ready_cluster, until
 
 TOKEN = "liveness-test-secret"
@@ -116,11 +118,25 @@ async def test_bad_keepalives_are_refused_with_one_line() -> None:
                  "bad_request"),
             ]:  # fmt: skip
                 async with http.post(c.peer_url(0, "/v1/alive"), data=body) as resp:
-                    answer = await resp.json()
+                    answer = json.loads(await checked(resp, "POST", "/v1/alive"))
                     assert resp.status in (400, 409), (body, resp.status, answer)
                     assert answer["code"] == code, answer
                     assert "\n" not in answer["error"]
         assert c.nodes[0].node.ready
+
+
+async def test_a_keepalive_is_answered_as_documented_with_who_is_down() -> None:
+    async with ready_cluster(3, per_node=per_node(3)) as c:
+        await c.stop(2)
+        await until(lambda: "node2" in down(c.nodes[0]))
+        body = b'{"session": "sess-1", "rank": 1, "host": "node1", "heard": [[2, 0.5]]}'
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(c.peer_url(0, "/v1/alive"), data=body) as resp,
+        ):
+            assert resp.status == 200
+            answer = json.loads(await checked(resp, "POST", "/v1/alive"))
+        assert answer["total"] == 1 and [d["host"] for d in answer["down"]] == ["node2"]
 
 
 async def test_a_node_shut_down_before_ready_stops_its_keepalive() -> None:

@@ -269,3 +269,18 @@ def test_peer_keepalive_grows_with_the_cluster_and_is_capped(
     # the master must reach every connection before it fires (docs/performance.md).
     assert server.peer_keepalive_s(nnodes) == pytest.approx(expected_s)
     assert server.KEEPALIVE_S <= server.peer_keepalive_s(nnodes) <= server.KEEPALIVE_MAX_S
+
+
+async def test_every_route_of_both_apis_is_in_the_openapi_document(
+    make_node: Callable[..., Awaitable[Rendezvous]],
+) -> None:
+    node = await make_node()
+    served = {
+        (route.method.lower(), route.resource.canonical)
+        for app in (local_app(node), peer_app(node, run_rendezvous=False))
+        for route in app.router.routes()
+        if route.method != "HEAD" and route.resource is not None
+    }
+    documented = {(m, p) for p, ops in OPENAPI["paths"].items() for m in ops if m != "parameters"}
+    assert len(served) >= 15
+    assert sorted(served - documented) == []
