@@ -104,3 +104,20 @@ async def test_a_worker_whose_master_is_gone_says_it_cannot_ask() -> None:
         await one_error_line(c, 1, "error: cannot get the mesh from the master node0")
     finally:
         await c.close()
+
+
+async def test_through_a_relay_whose_master_is_gone_the_cause_is_said_once() -> None:
+    # Groups of 2 over 5 ranks: rank 2 relays for rank 3, which asks its relay for the mesh.
+    c = Cluster(5, per_node={rank: {"relay_group_size": 2} for rank in range(5)})
+    try:
+        for rank in range(5):
+            await c.start(rank)
+        await all_ready(c)
+        assert c.nodes[3].node.master_target == ("127.0.0.1", c.peer_ports["node2"])
+        await c.stop(0)
+        status, doc = await get_mesh(c, 3)
+        assert status == 502 and doc["code"] == "no_master"
+        assert doc["error"].startswith("cannot get the mesh from the master node0: ")
+        assert doc["error"].count("cannot get the mesh") == 1, doc["error"]
+    finally:
+        await c.close()

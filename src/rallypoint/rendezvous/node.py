@@ -385,12 +385,21 @@ class Rendezvous(AsyncResource):
             )
         try:
             return await self._peer_client.get_mesh(target)
-        except (PeerDown, JoinRejected, AuthError, PeerMessageError) as exc:
-            raise MeshUnavailable(
-                f"cannot get the mesh from the master {self.spec.master}: {exc}; is its sidecar "
-                "running? (`rallypoint status --mesh` on the master shows it directly)",
-                status=502,
-            ) from exc
+        except JoinRejected as exc:
+            if exc.code != "no_master" or exc.status != 502:
+                raise self._mesh_unreachable(exc) from exc
+            # Our relay could not ask the master: its message already says so, once.
+            message = str(exc).removeprefix(f"refused with HTTP {exc.status}: ")
+            raise MeshUnavailable(message, status=502) from exc
+        except (PeerDown, AuthError, PeerMessageError) as exc:
+            raise self._mesh_unreachable(exc) from exc
+
+    def _mesh_unreachable(self, exc: Exception) -> MeshUnavailable:
+        return MeshUnavailable(
+            f"cannot get the mesh from the master {self.spec.master}: {exc}; is its sidecar "
+            "running? (`rallypoint status --mesh` on the master shows it directly)",
+            status=502,
+        )
 
     # -- the peer API's requests -------------------------------------------------------------
 
