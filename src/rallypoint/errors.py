@@ -50,10 +50,12 @@ class PeerMessageError(RallypointError):
 class JoinRejected(PeerMessageError):
     """Raised when a peer request is well-formed but refused (wrong session, impostor ...)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, *, said: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        #: The refusing peer's own words (its error line), when it gave them.
+        self.said = message if said is None else said
 
 
 class PeerDown(Exception):

@@ -352,7 +352,7 @@ def _refusal(status: int, payload: bytes) -> Exception:
             reason="refused",
             skew_s=_finite(skew),
         )
-    return JoinRejected(status, code, f"refused with HTTP {status}: {message}")
+    return JoinRejected(status, code, f"refused with HTTP {status}: {message}", said=message)
 
 
 def _finite(value: object) -> float | None:

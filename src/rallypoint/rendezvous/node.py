@@ -389,8 +389,7 @@ class Rendezvous(AsyncResource):
             if exc.code != "no_master" or exc.status != 502:
                 raise self._mesh_unreachable(exc) from exc
             # Our relay could not ask the master: its message already says so, once.
-            message = str(exc).removeprefix(f"refused with HTTP {exc.status}: ")
-            raise MeshUnavailable(message, status=502) from exc
+            raise MeshUnavailable(exc.said, status=502) from exc
         except (PeerDown, AuthError, PeerMessageError) as exc:
             raise self._mesh_unreachable(exc) from exc
 
