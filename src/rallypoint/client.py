@@ -54,12 +54,15 @@ def _where(base_url: str) -> str:
     return urllib.parse.urlsplit(base_url).netloc or base_url
 
 
-def get(base_url: str, path: str, *, timeout_s: float) -> Answer:
-    """GET base_url + path; SidecarUnreachable when nothing answers in time."""
+def get(base_url: str, path: str, *, timeout_s: float, body: bytes | None = None) -> Answer:
+    """GET base_url + path (POST with ``body``); SidecarUnreachable when nothing answers in time."""
     url = base_url.rstrip("/") + path
     where = _where(base_url)
+    request = urllib.request.Request(url, data=body)
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
     try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
+        with _OPENER.open(request, timeout=timeout_s) as response:
             return Answer(response.status, response.read().decode("utf-8", "replace"))
     except urllib.error.HTTPError as exc:
         with exc:
@@ -225,6 +228,23 @@ def mesh(base_url: str, *, timeout_s: float = 3 * _MARGIN_S) -> dict[str, object
     if answer.status != 200:
         raise _unexpected(base_url, "/mesh", answer)
     return _json_object(base_url, "/mesh", answer)
+
+
+def job(base_url: str, after: int | None = None, wait_s: float = 0.0) -> dict[str, object]:
+    """GET /job: the supervised job on every node; with ``after``, once its version passed it."""
+    query = "" if after is None else f"?after={after}&wait={wait_s:.3f}"
+    answer = get(base_url, "/job" + query, timeout_s=_MARGIN_S + wait_s)
+    if answer.status != 200:
+        raise _unexpected(base_url, "/job", answer)
+    return _json_object(base_url, "/job", answer)
+
+
+def report_job(base_url: str, body: bytes, *, timeout_s: float = _MARGIN_S) -> dict[str, object]:
+    """POST /job: this node's job started or ended; the job view once the report went on."""
+    answer = get(base_url, "/job", timeout_s=timeout_s, body=body)
+    if answer.status != 200:
+        raise _unexpected(base_url, "POST /job", answer)
+    return _json_object(base_url, "/job", answer)
 
 
 def _json_object(base_url: str, path: str, answer: Answer) -> dict[str, object]:

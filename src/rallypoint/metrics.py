@@ -206,6 +206,19 @@ class Metrics:
         self.peers_down = Family(
             "gauge", "rallypoint_peers_down", "How many peers this node names down right now"
         )
+        # -- the supervised job (rendezvous/jobwatch.py) --
+        self.jobs = Family(
+            "gauge",
+            "rallypoint_jobs",
+            "How many nodes' jobs are in each state (waiting, running, exited ...), as this "
+            "node knows them",
+            "state",
+        )
+        self.job_failures = counter(
+            "rallypoint_job_failures",
+            "Job failures this node heard of, by cause (exited, killed, terminated, lost)",
+            "cause",
+        )
         self._request_children: dict[tuple[str, str, int], Sample] = {}
         #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).
         self.mdns_rejections: Callable[[], Mapping[str, int]] = dict

@@ -3,18 +3,33 @@
 A keep-alive says who sends it and, from a relay, how long ago it heard each member of its
 group. The answer names the nodes its sender finds down (liveness.Down), at most MAX_DOWN
 of them, with the total. Both are untrusted input, checked field by field.
+
+They also carry the supervised job (rendezvous/jobwatch.py): a keep-alive its sender's own
+job state, a relay's changed group states and, from the master or a relay, the first
+failure; an answer the first failure and, when the asker's copy is older, the job table.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from rallypoint import wirejobs
 from rallypoint.errors import PeerMessageError
+from rallypoint.jobs import STATES, JobState
 from rallypoint.liveness import CAUSES, Down
-from rallypoint.wirefields import MAX_NODES, dump, host_name, integer, load, number, session
+from rallypoint.wirefields import (
+    MAX_NODES,
+    TOKEN,
+    dump,
+    host_name,
+    integer,
+    load,
+    number,
+    session,
+)
 
-#: Largest keep-alive accepted: a relay's group of up to 1024 ages fits several times.
-MAX_ALIVE_BYTES = 60 * 1024
+#: Largest keep-alive accepted: a relay's group of up to 1024 ages and job states fits.
+MAX_ALIVE_BYTES = 256 * 1024
 #: Largest answer accepted.
 MAX_ANSWER_BYTES = 256 * 1024
 #: Most nodes one answer names (the total says how many more there are).
@@ -25,6 +40,8 @@ MAX_HEARD = 1024
 MAX_DETAIL = 300
 #: Ages and durations are capped at a day: past it, the number tells nothing more.
 MAX_AGE_S = 86400.0
+#: Most job states one answer shows (failures first); the counts cover every node.
+MAX_JOBS_SHOWN = 256
 
 
 class Alive(msgspec.Struct, frozen=True):
@@ -34,6 +51,14 @@ class Alive(msgspec.Struct, frozen=True):
     rank: int
     host: str
     heard: tuple[tuple[int, float], ...] = ()
+    #: The sender's own job, when its `run` reported one.
+    job: JobState | None = None
+    #: A relay's members' job states that changed since its upstream last took them.
+    jobs: tuple[JobState, ...] = ()
+    #: The first failure, as the master (or a relay passing it on) knows it.
+    first: JobState | None = None
+    #: The version of the receiver's job table the sender holds (-1: none).
+    jobs_seen: int = -1
 
 
 class AliveAnswer(msgspec.Struct, frozen=True):
@@ -43,6 +68,14 @@ class AliveAnswer(msgspec.Struct, frozen=True):
     rank: int
     down: tuple[Down, ...]
     total: int
+    #: The answering process (a restarted sidecar has a new one: send it everything again).
+    boot: str = "-"
+    first: JobState | None = None
+    #: The answerer's job table version, and the table itself when the asker's is older.
+    jobs_version: int = 0
+    jobs: tuple[JobState, ...] | None = None
+    #: How many nodes' jobs are in each state (jobs.STATES), as the answerer knows them.
+    counts: tuple[tuple[str, int], ...] = ()
 
 
 def encode_alive(alive: Alive) -> bytes:
@@ -53,6 +86,10 @@ def encode_alive(alive: Alive) -> bytes:
             "rank": alive.rank,
             "host": alive.host,
             "heard": [[rank, round(age, 3)] for rank, age in alive.heard],
+            "job": None if alive.job is None else wirejobs.encode(alive.job),
+            "jobs": wirejobs.encode_all(alive.jobs),
+            "first": None if alive.first is None else wirejobs.encode(alive.first),
+            "jobs_seen": alive.jobs_seen,
         }
     )
 
@@ -73,11 +110,19 @@ def parse_alive(body: bytes) -> Alive:
                 number(item[1], f"heard[{index}] seconds", 0.0, MAX_AGE_S),
             )
         )
+    rank = integer(data.get("rank"), "rank", 0, MAX_NODES - 1)
+    job = wirejobs.parse_optional(data.get("job"), "keep-alive: job")
+    if job is not None and job.rank != rank:
+        raise PeerMessageError("keep-alive: job.rank must be the sender's rank")
     return Alive(
         session=session(data.get("session"), "session"),
-        rank=integer(data.get("rank"), "rank", 0, MAX_NODES - 1),
+        rank=rank,
         host=host_name(data.get("host")),
         heard=tuple(pairs),
+        job=job,
+        jobs=wirejobs.parse_all(data.get("jobs", []), "keep-alive: jobs", MAX_HEARD),
+        first=wirejobs.parse_optional(data.get("first"), "keep-alive: first"),
+        jobs_seen=integer(data.get("jobs_seen", -1), "jobs_seen", -1, 2**53),
     )
 
 
@@ -99,6 +144,11 @@ def encode_answer(answer: AliveAnswer) -> bytes:
                 }
                 for d in answer.down[:MAX_DOWN]
             ],
+            "boot": answer.boot,
+            "first": None if answer.first is None else wirejobs.encode(answer.first),
+            "jobs_version": answer.jobs_version,
+            "jobs": None if answer.jobs is None else wirejobs.encode_all(answer.jobs),
+            "counts": dict(answer.counts),
         }
     )
 
@@ -129,9 +179,26 @@ def parse_answer(body: bytes) -> AliveAnswer:
                 seen_by=host_name(item.get("seen_by"), f"{at}.seen_by"),
             )
         )
+    jobs = data.get("jobs")
+    boot = data.get("boot", "-")
+    if not isinstance(boot, str) or not (boot == "-" or TOKEN.fullmatch(boot)):
+        raise PeerMessageError("keep-alive answer: boot must be a token")
     return AliveAnswer(
         session=session(data.get("session"), "session"),
         rank=integer(data.get("rank"), "rank", 0, MAX_NODES - 1),
         down=tuple(downs),
         total=integer(data.get("total"), "total", len(downs), MAX_NODES),
+        boot=boot,
+        first=wirejobs.parse_optional(data.get("first"), "keep-alive answer: first"),
+        jobs_version=integer(data.get("jobs_version", 0), "jobs_version", 0, 2**53),
+        jobs=None
+        if jobs is None
+        else wirejobs.parse_all(jobs, "keep-alive answer: jobs", MAX_JOBS_SHOWN),
+        counts=_counts(data.get("counts", {})),
     )
+
+
+def _counts(value: object) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict) or any(k not in STATES for k in value):
+        raise PeerMessageError(f"keep-alive answer: counts must map {', '.join(STATES)} to counts")
+    return tuple((k, integer(v, f"counts.{k}", 0, MAX_NODES)) for k, v in sorted(value.items()))

@@ -7,7 +7,7 @@ import click
 # asyncio, the local API client, tempfile and secrets are imported inside the commands that
 # use them: `check` runs every few seconds as a HEALTHCHECK and needs neither asyncio nor
 # tempfile, and `serve` needs no HTTP client before its listeners are up.
-from rallypoint.cli import run, status, waiting
+from rallypoint.cli import run, status, supervise, waiting
 from rallypoint.cli.output import Group
 
 
@@ -33,6 +33,7 @@ for _command in (
     waiting.env,
     waiting.check,
     waiting.exec_,
+    supervise.run,
     run.derive,
     status.status,
     status.peers,

@@ -118,6 +118,18 @@ def _wait(ctx: click.Context, settings: Settings, fmt: str, timeout: float) -> s
     return body
 
 
+def served_env(ctx: click.Context, settings: Settings, timeout: float) -> dict[str, str]:
+    """Wait until ready, then the env as a dict (what exec and run merge into the child's)."""
+    body = _wait(ctx, settings, "json", timeout)
+    try:
+        values = json.loads(body)
+    except ValueError as exc:
+        raise SidecarError(f"GET /env answered JSON that does not parse: {exc}") from exc
+    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+        raise SidecarError("GET /env answered JSON that is not an object of strings")
+    return values
+
+
 def _progress(settings: Settings, url: str) -> Progress:
     import shutil
 
@@ -186,13 +198,7 @@ def check(ctx: click.Context, /, timeout: float, **_: Any) -> None:
 def exec_(ctx: click.Context, /, timeout: float, command: tuple[str, ...], **_: Any) -> None:
     """Wait until ready, then run COMMAND with the env merged into its environment."""
     settings, _environ = setup(ctx)
-    body = _wait(ctx, settings, "json", timeout)
-    try:
-        values = json.loads(body)
-    except ValueError as exc:
-        raise SidecarError(f"GET /env answered JSON that does not parse: {exc}") from exc
-    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
-        raise SidecarError("GET /env answered JSON that is not an object of strings")
+    values = served_env(ctx, settings, timeout)
     merged = {**os.environ, **values}
     log.debug("exec", extra={"command": command[0], "keys": ",".join(values)})
     sys.stdout.flush()

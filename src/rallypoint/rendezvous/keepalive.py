@@ -8,22 +8,32 @@ master checks a rank that went silent itself (a keep-alive of its own), which te
 refused, timed out or unreachable. Every answer names what its sender finds down, so each
 node learns within an interval what the master found (liveness.py). What is served does not
 change: the job owns what happens next (docs/readiness.md "After ready").
+
+The keep-alives also carry the supervised job's states and its first failure (jobwatch.py):
+a change on this node is sent at once instead of at the next interval, and the master (a
+relay, for its group) pushes a new first failure down at once. A node whose `run` reported
+keeps alive even before it is ready (its sidecar restarted while the job runs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from rallypoint import fanout, names, resolve, wirealive
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
+from rallypoint.jobs import JobState
 from rallypoint.liveness import Down, Watch, warning
 from rallypoint.rendezvous.context import NodeContext
+from rallypoint.rendezvous.jobwatch import JobWatch
 
 log = logging.getLogger("rallypoint.rendezvous")
 
 #: Most silent ranks the master checks at once in one interval (the rest wait their turn).
 MAX_CHECKS = 32
+#: Most keep-alives a push of the first failure has in flight at once.
+MAX_PUSHES = 64
 #: Up to this many nodes every peer has its own rallypoint_peer_up series; above, only the
 #: peers named down (so a 4096-node cluster does not export 4096 series per sidecar).
 GAUGE_ALL_NODES = 256
@@ -32,9 +42,10 @@ GAUGE_ALL_NODES = 256
 class Keepalive:
     """One node's keep-alive loop and its answers to others' keep-alives."""
 
-    def __init__(self, ctx: NodeContext, watch: Watch) -> None:
+    def __init__(self, ctx: NodeContext, watch: Watch, jobs: JobWatch) -> None:
         self.ctx = ctx
         self.watch = watch
+        self.jobs = jobs
         spec = ctx.spec
         self.size = fanout.group_size(spec.nnodes, ctx.settings.relay_group_size)
         #: Our relay's rank (None: we talk to the master directly).
@@ -43,13 +54,30 @@ class Keepalive:
         self.group = tuple(fanout.group(spec.rank, self.size, spec.nnodes))
         self._named: dict[int, Down] = {}
         self._interval = watch.interval_s
+        self._up = asyncio.Event()
+        self._down = asyncio.Event()
+        jobs.nudge_up = self._up.set
+        jobs.nudge_down = self._down.set
+
+    async def _started(self) -> bool:
+        """Wait for this node's first ready, or its job's report; False when shutting down."""
+        readiness = self.ctx.readiness
+        while not self.jobs.reported.is_set():
+            if await readiness.wait_ready(1.0, client=False):
+                return True
+            if readiness.shutting_down:
+                return False  # never ready now: wait_ready would return at once, forever
+        return True
 
     async def run(self) -> None:
-        """Wait for this node's first ready, then keep alive until cancelled."""
-        readiness = self.ctx.readiness
-        while not await readiness.wait_ready(3600.0, client=False):
-            if readiness.shutting_down:
-                return  # never ready now: wait_ready would return at once, forever
+        """Keep alive (from the first ready, or the job's report) until cancelled."""
+        if not await self._started():
+            return
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._keep())
+            tasks.create_task(self._pushes())
+
+    async def _keep(self) -> None:
         spec = self.ctx.spec
         if spec.is_master:
             self.watch.track(r for r in range(spec.nnodes) if r != spec.rank)
@@ -66,10 +94,45 @@ class Keepalive:
                 await self._check_silent()
             else:
                 await self._beat()
-            self._publish()
-            await asyncio.sleep(max(0.05, self._interval - (loop.time() - started)))
+            await self._publish()
+            pause = max(0.05, self._interval - (loop.time() - started))
+            # A job change on this node goes up at once, not at the next interval.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._up.wait()
+            self._up.clear()
 
-    def answer(self, alive: wirealive.Alive) -> wirealive.AliveAnswer:
+    async def _pushes(self) -> None:
+        """Push the first failure (and our own job's end) down as soon as they are known."""
+        spec = self.ctx.spec
+        if spec.is_master:
+            downstream = [r for r in range(1, spec.nnodes) if fanout.relay_of(r, self.size) is None]
+        else:
+            downstream = list(self.group)
+        limit = asyncio.Semaphore(MAX_PUSHES)
+
+        async def push(rank: int, body: bytes) -> None:
+            async with limit:
+                await self._send(rank, body, self._interval)
+
+        while True:
+            await self._down.wait()
+            self._down.clear()
+            if not self.jobs.push_due():
+                continue
+            alive = self.jobs.push_body()
+            body = wirealive.encode_alive(alive)
+            log.info(
+                "job_push",
+                extra={
+                    "to": len(downstream),
+                    "first": None if alive.first is None else alive.first.host,
+                },
+            )
+            await asyncio.gather(*(push(r, body) for r in downstream))
+            await self.jobs.pushed()
+
+    async def answer(self, alive: wirealive.Alive) -> wirealive.AliveAnswer:
         """A peer's keep-alive: note it (and a relay's ages of its group); our view back."""
         spec = self.ctx.spec
         if alive.session != spec.session:
@@ -88,34 +151,46 @@ class Keepalive:
         for rank, age_s in alive.heard:
             if rank in group:
                 self.watch.heard(rank, age_s)
+        await self.jobs.from_peer(alive, upstream=alive.rank in (0, self.relay))
         view = self.watch.view()
         return wirealive.AliveAnswer(
-            spec.session, spec.rank, tuple(view[: wirealive.MAX_DOWN]), len(view)
+            spec.session,
+            spec.rank,
+            tuple(view[: wirealive.MAX_DOWN]),
+            len(view),
+            **self.jobs.answer_fields(alive.jobs_seen),  # type: ignore[arg-type]
         )
 
     def _upstream(self) -> int:
         return 0 if self.relay is None else self.relay
 
-    def _body(self) -> bytes:
+    def _body(self) -> tuple[bytes, tuple[JobState, ...]]:
+        """A keep-alive's body, and the group's job states it carries."""
         spec = self.ctx.spec
         ages = tuple(self.watch.ages(self.group))
-        return wirealive.encode_alive(wirealive.Alive(spec.session, spec.rank, spec.host, ages))
+        own, changed, seen = self.jobs.outgoing(self.group)
+        alive = wirealive.Alive(
+            spec.session, spec.rank, spec.host, ages, job=own, jobs=changed, jobs_seen=seen
+        )
+        return wirealive.encode_alive(alive), changed
 
     async def _beat(self) -> None:
         """A worker's keep-alive: to its relay, and to the master when the relay fails it."""
-        body = self._body()
+        body, changed = self._body()
         if self.relay is not None:
             if await self._send(self.relay, body, self._interval / 2, upstream=True):
+                self.jobs.sent(changed)
                 self.watch.track([self.relay, *self.group])
                 return
             self.watch.track([self.relay, 0, *self.group])
-        await self._send(0, body, self._interval, upstream=True)
+        if await self._send(0, body, self._interval, upstream=True):
+            self.jobs.sent(changed)
 
     async def _check_silent(self) -> None:
         """The master's own keep-alive to each rank gone silent: it comes back, or says why."""
         silent = self.watch.to_check()[:MAX_CHECKS]
         if silent:
-            body = self._body()
+            body, _ = self._body()
             await asyncio.gather(*(self._send(r, body, self._interval) for r in silent))
 
     async def _send(
@@ -143,12 +218,15 @@ class Keepalive:
             self.watch.heard(rank)
             if upstream:
                 self.watch.upstream(rank, answer.down)
+                await self.jobs.from_upstream(answer)
             return True
         return False
 
-    def _publish(self) -> None:
-        """Log who went down or came back, and set the warnings and gauges."""
+    async def _publish(self) -> None:
+        """Log who went down or came back, set the warnings and gauges, name lost jobs."""
         view = {d.rank: d for d in self.watch.view()}
+        if view:
+            await self.jobs.lost(list(view.values()))
         metrics, spec = self.ctx.metrics, self.ctx.spec
         for rank, down in view.items():
             if rank not in self._named:

@@ -40,6 +40,7 @@ from rallypoint.rendezvous.clustercheck import (
     local_transport,
 )
 from rallypoint.rendezvous.context import NodeContext
+from rallypoint.rendezvous.jobwatch import JobWatch
 from rallypoint.rendezvous.keepalive import Keepalive
 from rallypoint.rendezvous.master import Master, poke_host
 from rallypoint.rendezvous.masterbook import EncodedDoc, MasterBook
@@ -107,6 +108,8 @@ class Rendezvous(AsyncResource):
         self.verification: Verification | None = None
         #: After ready, the keep-alives that name a peer gone (None: --keepalive 0).
         self.keepalive: Keepalive | None = None
+        #: The supervised job on every node (`rallypoint run`), once the spec is known.
+        self.jobs: JobWatch | None = None
         #: What the master, worker and verification share (once the spec is known).
         self.ctx: NodeContext | None = None
         self.peers = PeerTable(spec)
@@ -118,6 +121,7 @@ class Rendezvous(AsyncResource):
             "liveness": lambda: liveness.status(
                 None if self.keepalive is None else self.keepalive.watch, self.offsets.wall
             ),
+            "job": self.job_status,
         }
         self._poked = asyncio.Event()
         #: This node's clock offset to the master (clock.py); the Authenticator's clock.
@@ -231,10 +235,13 @@ class Rendezvous(AsyncResource):
         )
         if self.book is not None:
             self.master = Master(self.book, self.ctx, documents=self.verification)
+        size = fanout.group_size(spec.nnodes, self.settings.relay_group_size)
+        self.jobs = JobWatch(
+            spec, self.metrics, boot=self.epoch, group_size=size, now=self.offsets.now
+        )
         if self.settings.keepalive_s > 0:
             watch = liveness.Watch(spec.hosts, spec.rank, self.settings.keepalive_s)
-            self.keepalive = Keepalive(self.ctx, watch)
-        size = fanout.group_size(spec.nnodes, self.settings.relay_group_size)
+            self.keepalive = Keepalive(self.ctx, watch, self.jobs)
         if fanout.group(spec.rank, size, spec.nnodes):
             ctx = self.ctx
             self.relay = Relay(ctx, poke=lambda host, epoch: poke_host(ctx, host, epoch))
@@ -433,7 +440,7 @@ class Rendezvous(AsyncResource):
         """Record a relay's batch of reports (master only); the verdict, as for one report."""
         return await self._require_master().handle_reports(batch)
 
-    def handle_alive(self, alive: wirealive.Alive) -> wirealive.AliveAnswer:
+    async def handle_alive(self, alive: wirealive.Alive) -> wirealive.AliveAnswer:
         """A peer's keep-alive after ready: noted, and this node's view of who is down."""
         if not self._spec_known.is_set():
             raise JoinRejected(
@@ -441,7 +448,12 @@ class Rendezvous(AsyncResource):
             )
         if self.keepalive is None:  # --keepalive 0 here: nothing watched, nothing to say
             return wirealive.AliveAnswer(self.spec.session, self.spec.rank, (), 0)
-        return self.keepalive.answer(alive)
+        return await self.keepalive.answer(alive)
+
+    def job_status(self) -> dict[str, object]:
+        if self.jobs is None:
+            return {"carried": False, "version": 0, "first": None, "stop": False}
+        return {"carried": self.keepalive is not None, **self.jobs.view()}
 
     def wake(self) -> None:
         """Cut a worker's join backoff short (mDNS saw the master change): re-join now."""

@@ -1,5 +1,5 @@
 """The local API (loopback only by default): /env, /hostfile, /readyz, /livez, /status, /mesh,
-/metrics."""
+/metrics, and /job (what `rallypoint run` reports and waits on)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 from aiohttp import web
 
-from rallypoint import hostfile, render
+from rallypoint import hostfile, render, wirejobs
 from rallypoint.errors import HostfileError, MeshUnavailable
 from rallypoint.metrics import content_type
 from rallypoint.model import Env
@@ -35,6 +35,8 @@ def local_app(node: Rendezvous) -> web.Application:
             web.get("/status", _status),
             web.get("/mesh", _mesh),
             web.get("/metrics", _metrics),
+            web.get("/job", _job),
+            web.post("/job", _job_report),
         ],
     )
 
@@ -52,19 +54,27 @@ _ENV_HEADERS = {
 }
 
 
+def _wait_s(params: dict[str, str]) -> float | web.Response:
+    """?wait= in seconds (capped at MAX_WAIT_S), or the 400 for a bad one."""
+    try:
+        wait_s = float(params.get("wait", "0"))
+    except ValueError:
+        wait_s = math.nan
+    if not math.isfinite(wait_s) or wait_s < 0:
+        return error_response(
+            400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
+        )
+    return min(wait_s, MAX_WAIT_S)
+
+
 async def _ready_env(request: web.Request, params: dict[str, str]) -> Env | web.Response:
     """The env to serve once ?wait= is honoured, or the answer: 400 bad wait, 503 not ready."""
     node = request.app[NODE]
     if "wait" in params:
-        try:
-            wait_s = float(params["wait"])
-        except ValueError:
-            wait_s = math.nan
-        if not math.isfinite(wait_s) or wait_s < 0:
-            return error_response(
-                400, f"wait={params['wait']!r:.40} must be a number of seconds, 0 or more"
-            )
-        await node.wait_ready(min(wait_s, MAX_WAIT_S))
+        wait_s = _wait_s(params)
+        if isinstance(wait_s, web.Response):
+            return wait_s
+        await node.wait_ready(wait_s)
     env = node.env
     if not node.ready or env is None:
         return _not_ready(node.reasons())
@@ -138,3 +148,35 @@ async def _metrics(request: web.Request) -> web.Response:
     headers = dict(NO_STORE)
     headers["Content-Type"] = content_type()
     return web.Response(body=request.app[NODE].metrics.render(), headers=headers)
+
+
+async def _job(request: web.Request) -> web.Response:
+    """The supervised job on every node; ?after=VERSION&wait=S long-polls for a change."""
+    node = request.app[NODE]
+    params = single_query(request, ("after", "wait")) if request.query_string else {}
+    if node.jobs is None:
+        return error_response(503, "the node list is not known yet (mDNS discovery)", "discovering")
+    wait_s = _wait_s(params)
+    if isinstance(wait_s, web.Response):
+        return wait_s
+    if "after" in params:
+        try:
+            after = int(params["after"])
+        except ValueError:
+            return error_response(400, f"after={params['after']!r:.40} must be a version number")
+        await node.jobs.wait(after, wait_s)
+    return web.json_response(node.job_status(), headers=NO_STORE)
+
+
+async def _job_report(request: web.Request) -> web.Response:
+    """`rallypoint run` reports its job's start or end; the answer is the job view."""
+    node = request.app[NODE]
+    # JSON only: a web page cannot send that without a CORS preflight, which nothing answers,
+    # so no page a browser on this host opens can stop the cluster's job.
+    if request.content_type != "application/json":
+        return error_response(415, "POST /job takes application/json", "bad_request")
+    if node.jobs is None:
+        return error_response(503, "the node list is not known yet (mDNS discovery)", "discovering")
+    report = wirejobs.parse_report(await request.read())
+    await node.jobs.report(report, settle_s=min(node.settings.keepalive_s or 1.0, 5.0))
+    return web.json_response(node.job_status(), headers=NO_STORE)

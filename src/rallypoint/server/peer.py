@@ -193,7 +193,7 @@ async def _alive(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await _read_body(request)
     node.auth.verify("POST /v1/alive", body, request.headers)
-    answer = node.handle_alive(wirealive.parse_alive(body))
+    answer = await node.handle_alive(wirealive.parse_alive(body))
     return _signed(node, "200 /v1/alive", wirealive.encode_answer(answer))
 
 

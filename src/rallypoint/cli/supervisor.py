@@ -1,0 +1,268 @@
+"""`rallypoint run`'s supervision: the job as a child in its own process group, stopped when
+the cluster says so (docs/run.md).
+
+The child runs in a new session (its own process group), so the whole job, data-loader
+workers included, is signalled as one and nothing of it is left behind. Three threads: the
+main one waits for events and handles the forwarded signals, one reaps the child, one
+reports to the local sidecar and long-polls GET /job for a stop. The sidecar is not the job:
+when it is gone the child keeps running, and `run` says so once and reports again when it
+is back.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
+
+from rallypoint import client, jobs, wirejobs
+from rallypoint.errors import RallypointError
+
+#: The signals `run` passes on to the job's process group.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+#: Seconds between attempts to reach a sidecar that does not answer.
+RETRY_S = 1.0
+#: Longest long-poll of GET /job; the loop polls again.
+POLL_S = 30.0
+#: Longest wait for the sidecar's answer to a report (it waits for the report to go on).
+REPORT_TIMEOUT_S = 8.0
+
+
+class Supervisor:
+    """One supervised run of a command: start, forward, stop, exit status."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        url: str,
+        grace_s: float,
+        lost_code: int,
+        say: Callable[[str], None],
+    ) -> None:
+        self.command = list(command)
+        self.env = dict(env)
+        self.url = url
+        self.grace_s = grace_s
+        self.lost_code = lost_code
+        self.say = say
+        self._events: queue.Queue[tuple[str, object]] = queue.Queue()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._started = 0.0
+        self._terminated: int | None = None
+        self._view: dict[str, object] | None = None
+
+    # -- the whole run ------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start the command, supervise it, and return the exit status `run` ends with."""
+        self._started = time.time()
+        try:
+            self._child = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+        except FileNotFoundError:
+            self.say(f"error: {self.command[0]!r} not found: check the command and PATH")
+            return 127
+        except OSError as exc:
+            self.say(
+                f"error: cannot run {self.command[0]!r}: {exc.strerror or exc}:"
+                " check that it is an executable file"
+            )
+            return 126
+        previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
+        try:
+            threading.Thread(target=self._reap, name="rallypoint-reap", daemon=True).start()
+            threading.Thread(target=self._watch, name="rallypoint-watch", daemon=True).start()
+            return self._supervise()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _supervise(self) -> int:
+        while True:
+            try:
+                kind, value = self._events.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if kind == "exit":
+                assert isinstance(value, int)
+                return self._ended(value)
+            if kind == "stop":
+                assert isinstance(value, dict)
+                return self._stop(value)
+
+    # -- the child ----------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        assert self._child is not None
+        self._events.put(("exit", self._child.wait()))
+
+    def _forward(self, signum: int, _frame: FrameType | None) -> None:
+        """A signal for `run`: an outside stop is reported first, then the group gets it."""
+        if signum in jobs.STOP_SIGNALS and self._terminated is None:
+            self._terminated = signum
+            # The others must hear of an outside stop (preempted, evicted, `docker stop`)
+            # before their collectives fail on this node's closed connections.
+            self._report("terminated", signal=signum, timeout_s=2.0)
+        self._signal_group(signum)
+
+    def _signal_group(self, signum: int) -> bool:
+        """Send ``signum`` to the job's process group; whether anything of it was left."""
+        assert self._child is not None
+        try:
+            os.killpg(self._child.pid, signum)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True  # a member changed its credentials: it is still there
+        return True
+
+    def _ended(self, returncode: int) -> int:
+        """The child ended by itself: report it, clear the group, exit with its status."""
+        status = returncode if returncode >= 0 else 128 - returncode
+        if returncode >= 0:
+            view = self._report("exited", code=returncode)
+        else:
+            view = self._report("killed", signal=-returncode)
+        self._clear_group()
+        first = None if view is None else view.get("first")
+        if status != 0 and isinstance(first, dict):
+            self.say(f"rallypoint: {_line(first, 0.0)}")
+        return status
+
+    def _stop(self, view: dict[str, object]) -> int:
+        """Another node failed first (or this one is lost): stop the job, exit with the status."""
+        first = view.get("first")
+        assert isinstance(first, dict)
+        self.say(f"rallypoint: stopping the job: {_line(first, _number(first.get('ago_s')))}")
+        self._signal_group(signal.SIGTERM)
+        if not self._wait_child(self.grace_s):
+            self.say(f"rallypoint: the job did not stop within --grace {self.grace_s:g}s: SIGKILL")
+            self._signal_group(signal.SIGKILL)
+            self._wait_child(None)
+        self._report("stopped")
+        self._clear_group()
+        status = jobs.exit_status(_state(first), self.lost_code)
+        self.say(f"rallypoint: {_line(first, _number(first.get('ago_s')))}; exit {status}")
+        return status
+
+    def _wait_child(self, timeout_s: float | None) -> bool:
+        assert self._child is not None
+        try:
+            self._child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def _clear_group(self) -> None:
+        """What is left of the job's group (a data-loader worker, say): SIGTERM, then SIGKILL."""
+        if not self._signal_group(signal.SIGTERM):
+            return
+        deadline = time.monotonic() + min(self.grace_s, 5.0)
+        while time.monotonic() < deadline:
+            _reap_orphans()
+            if not self._signal_group(0):
+                return
+            time.sleep(0.05)
+        self._signal_group(signal.SIGKILL)
+        _reap_orphans()
+
+    # -- the sidecar --------------------------------------------------------------------
+
+    def _report(
+        self,
+        state: str,
+        *,
+        code: int | None = None,
+        signal: int | None = None,
+        timeout_s: float = REPORT_TIMEOUT_S,
+    ) -> dict[str, object] | None:
+        body = wirejobs.encode_report(wirejobs.Report(state, self._started, code, signal))
+        try:
+            view = client.report_job(self.url, body, timeout_s=timeout_s)
+        except RallypointError:
+            return None  # the watcher says once that the sidecar is gone
+        self._view = view
+        return view
+
+    def _watch(self) -> None:
+        """Report the start, then long-poll the sidecar for a stop, for as long as we run."""
+        boot: object = None
+        version = -1
+        gone = False
+        while True:
+            try:
+                if boot is None:
+                    view = client.report_job(self.url, self._running_body())
+                else:
+                    view = client.job(self.url, version, POLL_S)
+            except RallypointError as exc:
+                if not gone:
+                    self.say(
+                        f"rallypoint: warning: {exc}; the job keeps running, and other nodes'"
+                        " failures cannot stop it until the sidecar is back"
+                    )
+                    gone = True
+                boot = None
+                time.sleep(RETRY_S)
+                continue
+            if gone:
+                self.say("rallypoint: the sidecar answers again; the job's state is reported")
+                gone = False
+            if boot is None and view.get("carried") is False:
+                self.say(
+                    "rallypoint: warning: the sidecar runs with --keepalive 0: other nodes'"
+                    " failures cannot stop this job"
+                )
+            if view.get("boot") != boot and boot is not None:
+                boot = None  # the sidecar restarted: it must hear of the job again
+                continue
+            boot = view.get("boot")
+            version = int(_number(view.get("version")) or 0)
+            if view.get("stop") is True:
+                self._events.put(("stop", view))
+                return
+
+    def _running_body(self) -> bytes:
+        if self._terminated is not None:
+            state = wirejobs.Report("terminated", self._started, None, self._terminated)
+        else:
+            state = wirejobs.Report("running", self._started)
+        return wirejobs.encode_report(state)
+
+
+def _reap_orphans() -> None:
+    """As PID 1 (a container's entrypoint) the job's orphans are ours to reap."""
+    if os.getpid() != 1:
+        return
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _state(first: Mapping[str, object]) -> jobs.JobState:
+    """The first failure as the local API shows it, back as a state (for its exit status)."""
+    code, number = first.get("code"), first.get("signal")
+    return jobs.JobState(
+        rank=int(_number(first.get("rank")) or 0),
+        host=str(first.get("host")),
+        state=str(first.get("state")),
+        code=code if isinstance(code, int) else None,
+        signal=number if isinstance(number, int) else None,
+        detail=str(first.get("detail") or ""),
+    )
+
+
+def _line(first: Mapping[str, object], before_s: float | None) -> str:
+    return jobs.line(_state(first), before_s)

@@ -1,0 +1,229 @@
+"""The supervised job's state on every node, and the first failure (pure).
+
+`rallypoint run` reports its job's start and end to its sidecar; the sidecars carry the
+states on their keep-alives (rendezvous/jobwatch.py). Each node keeps a `JobBook`: the last
+known state of every node's job, and every failure it heard of. The first failure is the
+earliest one by the master's clock (every node's stamps are corrected to it, clock.py), so
+every node that heard of the same failures names the same first one.
+
+A failure is a job that ended non-zero or by a signal, a node whose `run` was stopped from
+outside (SIGTERM, SIGINT or SIGHUP: preempted, evicted, `docker stop`), and a node named
+lost while its job ran. A job that exited 0 is done, and a job this node stopped because
+another failed first is a consequence: neither is a failure.
+"""
+
+from __future__ import annotations
+
+import signal as signals
+from collections.abc import Iterable
+
+import msgspec
+
+#: Every state a node's job can be in; the order is the order they may follow each other.
+STATES = ("waiting", "running", "terminated", "stopped", "exited", "killed", "lost")
+_ORDER = {state: index for index, state in enumerate(STATES)}
+#: What `rallypoint run` reports to its own sidecar (lost is only ever named by the others).
+REPORTED = ("running", "terminated", "stopped", "exited", "killed")
+#: The kinds of failure, as the failures metric labels them.
+CAUSES = ("exited", "killed", "terminated", "lost")
+#: EX_TEMPFAIL (sysexits.h): the default status when a node was lost, the code to requeue on.
+LOST_EXIT_CODE = 75
+#: The signals that stop a node from outside (a scheduler, a runtime, a person at a terminal).
+STOP_SIGNALS = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP)
+
+
+class JobState(msgspec.Struct, frozen=True):
+    """One node's job: its state, since when, and how it ended (times: the master's clock)."""
+
+    rank: int
+    host: str
+    state: str
+    #: When the job started (0.0 while waiting): tells one run of the job from the next.
+    started: float = 0.0
+    #: When it entered this state.
+    since: float = 0.0
+    #: exited: the exit code.
+    code: int | None = None
+    #: killed: the signal that ended it; terminated: the signal `run` was sent.
+    signal: int | None = None
+    #: lost: why (the liveness cause and detail).
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """Whether this state is a failure that stops the job on every other node."""
+        if self.state == "exited":
+            return self.code != 0
+        return self.state in ("killed", "terminated", "lost")
+
+    @property
+    def key(self) -> tuple[float, int, float]:
+        """Newer states compare greater: a later run, then a later state, then a later stamp."""
+        return (self.started, _ORDER[self.state], self.since)
+
+
+def signal_name(number: int | None) -> str:
+    """SIGTERM for 15; the number itself when it names no signal here."""
+    if number is None:
+        return "a signal"
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe(job: JobState) -> str:
+    """What happened, in a few words: exited 1, killed by SIGKILL, lost: ..."""
+    if job.state == "exited":
+        return f"exited {job.code}"
+    if job.state == "killed":
+        return f"killed by {signal_name(job.signal)}"
+    if job.state == "terminated":
+        return f"stopped from outside by {signal_name(job.signal)}"
+    if job.state == "lost":
+        return f"lost: {job.detail}" if job.detail else "lost"
+    if job.state == "stopped":
+        return "stopped by the cluster"
+    return job.state
+
+
+def cause(job: JobState) -> str:
+    """The failures metric's label: exited, killed, terminated or lost."""
+    return job.state
+
+
+def exit_status(first: JobState, lost_code: int = LOST_EXIT_CODE) -> int:
+    """The status a node stopped because of ``first`` exits with.
+
+    A job's own failure passes on as the shell would say it (its code, 128+N for signal N),
+    so a deterministic crash is not requeued in a loop; a lost node, or one stopped from
+    outside, gives ``lost_code``: the one a scheduler maps to a requeue.
+    """
+    if first.state == "exited" and first.code is not None:
+        return first.code
+    if first.state == "killed" and first.signal is not None:
+        return 128 + first.signal
+    return lost_code
+
+
+def stops(first: JobState | None, rank: int) -> bool:
+    """Whether a node of ``rank`` whose job still runs must stop it, given the first failure.
+
+    Every failure but this node's own stops it; so does this node named lost (the others
+    stopped: a node cut off and healed must not run alone).
+    """
+    return first is not None and (first.rank != rank or first.state == "lost")
+
+
+def line(first: JobState, before_s: float | None) -> str:
+    """One line naming the first failure: node, rank, what, when (relative to now)."""
+    when = ""
+    if before_s is not None:
+        when = (
+            f", {before_s:.1f} s before this node's stop"
+            if before_s >= 0
+            else f", {-before_s:.1f} s after this node's stop"
+        )
+    return f"first failure: {first.host} (rank {first.rank}) {describe(first)}{when}"
+
+
+class JobBook:
+    """What one node knows of every node's job: last states, failures, and the first one."""
+
+    def __init__(self, hosts: Iterable[str]) -> None:
+        self.hosts = tuple(hosts)
+        self._states: dict[int, JobState] = {}
+        self._failures: dict[int, JobState] = {}
+        self.first: JobState | None = None
+        #: Goes up by one with every change: readers wait for a version after theirs.
+        self.version = 0
+
+    def note(self, job: JobState) -> bool:
+        """Take ``job`` if it is newer than what is known of its node; whether anything changed.
+
+        Every failure is kept (the first of each node), so a node's later state (a lost node's
+        sidecar back, an end after a stop from outside) never hides it.
+        """
+        if not 0 <= job.rank < len(self.hosts) or job.state not in _ORDER:
+            return False
+        changed = False
+        known = self._states.get(job.rank)
+        if known is None or job.key > known.key:
+            self._states[job.rank] = job
+            changed = True
+        if job.failed and job.rank not in self._failures:
+            self._failures[job.rank] = job
+            changed = True
+            if self.first is None or _earlier(job, self.first):
+                self.first = job
+        if changed:
+            self.version += 1
+        return changed
+
+    def note_all(self, jobs: Iterable[JobState]) -> bool:
+        """note() each; whether anything changed."""
+        changed = False
+        for job in jobs:
+            changed = self.note(job) or changed
+        return changed
+
+    def lose(self, rank: int, at: float, detail: str) -> JobState | None:
+        """Name ``rank`` lost if its job was running (or stopping); the lost state, else None."""
+        known = self._states.get(rank)
+        if known is None or known.state not in ("running", "terminated"):
+            return None
+        lost = JobState(rank, known.host, "lost", known.started, at, detail=detail)
+        return lost if self.note(lost) else None
+
+    def state(self, rank: int) -> JobState:
+        """The last known state of ``rank``'s job (waiting when nothing was heard)."""
+        known = self._states.get(rank)
+        if known is not None:
+            return known
+        host = self.hosts[rank] if 0 <= rank < len(self.hosts) else "?"
+        return JobState(rank, host, "waiting")
+
+    def states(self) -> list[JobState]:
+        """Every known state, by rank."""
+        return [self._states[r] for r in sorted(self._states)]
+
+    def failures(self) -> list[JobState]:
+        """Every failure heard of, earliest first."""
+        return sorted(self._failures.values(), key=lambda j: (j.since, j.rank))
+
+    def counts(self) -> dict[str, int]:
+        """How many nodes' jobs are in each state (nodes never heard of count as waiting)."""
+        out = dict.fromkeys(STATES, 0)
+        for job in self._states.values():
+            out[job.state] += 1
+        out["waiting"] += len(self.hosts) - len(self._states)
+        return out
+
+    def table(self, limit: int) -> list[JobState]:
+        """At most ``limit`` states to show: failures first, then the rest by rank."""
+        failed = [j for j in self.states() if j.failed]
+        rest = [j for j in self.states() if not j.failed]
+        return (failed + rest)[:limit]
+
+
+def _earlier(a: JobState, b: JobState) -> bool:
+    return (a.since, a.rank) < (b.since, b.rank)
+
+
+def as_json(job: JobState, now: float | None = None) -> dict[str, object]:
+    """A state for /status and the local API (``ago_s`` relative to ``now`` when given)."""
+    out: dict[str, object] = {
+        "rank": job.rank,
+        "host": job.host,
+        "state": job.state,
+        "what": describe(job),
+        "started": round(job.started, 3) if job.started else None,
+        "since": round(job.since, 3) if job.since else None,
+        "code": job.code,
+        "signal": job.signal,
+        "signal_name": None if job.signal is None else signal_name(job.signal),
+        "detail": job.detail or None,
+    }
+    if now is not None and job.since:
+        out["ago_s"] = round(now - job.since, 3)
+    return out

@@ -1,0 +1,278 @@
+"""The supervised job, cluster-wide: `run`'s reports in, the keep-alives' job fields both ways.
+
+`rallypoint run` reports its job's start and end to its own sidecar (POST /job). The state
+rides the keep-alives that already flow after ready (keepalive.py): a worker's keep-alive
+carries its own job, a relay's the states of its group that changed; every answer carries
+the first failure, and the job table when the asker's copy is older. Nobody waits for the
+next interval: a change on a worker sends a keep-alive at once, and a new first failure (or
+the master's own job ending) is pushed down at once, by the master to the ranks that talk
+to it, by each relay to its group. A node named lost while its job ran is a failure too
+(JobBook.lose). Every local waiter (GET /job?after=) wakes on each change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from rallypoint import fanout, jobs, wirealive
+from rallypoint.jobs import JobBook, JobState
+from rallypoint.liveness import Down
+from rallypoint.metrics import Metrics
+from rallypoint.model import ClusterSpec
+from rallypoint.wirejobs import Report
+
+log = logging.getLogger("rallypoint.rendezvous")
+
+
+class JobWatch:
+    """This node's JobBook, what feeds it and who is told of its changes."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        metrics: Metrics,
+        *,
+        boot: str,
+        group_size: int,
+        now: Callable[[], float],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self.book = JobBook(spec.hosts)
+        self.boot = boot
+        self._metrics = metrics
+        self._size = group_size
+        #: The master's clock (every stamp is on it) and this node's own.
+        self._now = now
+        self._wall = wall
+        self._changed = asyncio.Condition()
+        #: Set by the keep-alive loop: send a keep-alive upstream now (a worker's change).
+        self.nudge_up: Callable[[], None] = lambda: None
+        #: Set by the keep-alive loop: push the first failure / our own end down now.
+        self.nudge_down: Callable[[], None] = lambda: None
+        #: Whether this node's `run` reported (a restarted sidecar keeps alive at once).
+        self.reported = asyncio.Event()
+        #: A relay's members' states as last sent upstream (resent after an upstream restart).
+        self._sent: dict[int, tuple[float, int, float]] = {}
+        self._upstream_boot = "-"
+        self._upstream_version = -1
+        self._first_pushed: JobState | None = None
+        self._own_pushed: JobState | None = None
+        #: Exchanges that carried our state on (an upstream's answer, a push done).
+        self._delivered = 0
+        #: The master's counts by state (a worker's table shows at most MAX_JOBS_SHOWN).
+        self._counts: dict[str, int] = {}
+
+    # -- what this node's `run` says ----------------------------------------------------
+
+    async def report(self, report: Report, settle_s: float) -> None:
+        """Take this node's own report; wait up to ``settle_s`` for it to reach the master."""
+        spec = self.spec
+        # `run` stamps the start by this node's clock: put it on the master's.
+        started = report.started + (self._now() - self._wall())
+        known = self.book.state(spec.rank)
+        if report.state != "running" and known.started:
+            started = known.started  # the same run: keep its identity exact
+        job = JobState(
+            spec.rank,
+            spec.host,
+            report.state,
+            started,
+            self._now(),
+            code=report.code,
+            signal=report.signal,
+        )
+        self.reported.set()
+        log.info(
+            "job_reported",
+            extra={"state": job.state, "what": jobs.describe(job), "code": job.code},
+        )
+        delivered = self._delivered
+        if not await self._take([job]):
+            return
+        if spec.is_master or self._pushes_down():
+            self.nudge_down()
+        if not spec.is_master:
+            self.nudge_up()
+        if job.state == "running":
+            return
+        # `run` hears back once the report went up (or down, on the master): a job that
+        # ended 0 is known as done before its sidecar may leave. Bounded by ``settle_s``.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(settle_s), self._changed:
+                await self._changed.wait_for(lambda: self._delivered > delivered)
+
+    async def wait(self, after: int, timeout_s: float) -> None:
+        """Return once the book's version passed ``after``, or after ``timeout_s``."""
+        if self.book.version > after:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self.book.version > after)
+        except TimeoutError:
+            return
+
+    # -- what the keep-alives carry ----------------------------------------------------
+
+    def outgoing(self, group: Iterable[int]) -> tuple[JobState | None, tuple[JobState, ...], int]:
+        """For a keep-alive upstream: our job, our group's changed states, our table's version."""
+        own = self.book.state(self.spec.rank)
+        changed = []
+        for rank in group:
+            job = self.book.state(rank)
+            if job.state != "waiting" and self._sent.get(rank) != job.key:
+                changed.append(job)
+        return (None if own.state == "waiting" else own), tuple(changed), self._upstream_version
+
+    def sent(self, jobs_sent: tuple[JobState, ...]) -> None:
+        """The upstream took these states."""
+        for job in jobs_sent:
+            self._sent[job.rank] = job.key
+
+    async def from_upstream(self, answer: wirealive.AliveAnswer) -> None:
+        """The upstream's answer: its first failure, its table when ours was older."""
+        if answer.boot != self._upstream_boot:
+            # A restarted upstream knows nothing of what we sent before: send it again.
+            self._upstream_boot = answer.boot
+            self._sent.clear()
+            self._upstream_version = -1
+        incoming = [] if answer.first is None else [answer.first]
+        if answer.jobs is not None:
+            incoming += answer.jobs
+            self._counts = dict(answer.counts)
+        self._upstream_version = answer.jobs_version
+        await self._take(incoming, from_upstream=True)
+        await self._deliver()
+
+    async def from_peer(self, alive: wirealive.Alive, upstream: bool) -> None:
+        """A keep-alive: the sender's job, its group's (a relay), the first failure (upstream)."""
+        incoming = [] if alive.job is None else [alive.job]
+        group = fanout.group(alive.rank, self._size, self.spec.nnodes)
+        incoming += [job for job in alive.jobs if job.rank in group]
+        if upstream and alive.first is not None:
+            incoming.append(alive.first)
+        changed = bool(incoming) and await self._take(incoming, from_upstream=upstream)
+        if changed and not upstream and not self.spec.is_master:
+            self.nudge_up()  # a relay passes its group's news on at once
+
+    def answer_fields(self, seen: int) -> dict[str, object]:
+        """The job fields of our answer to a keep-alive whose sender holds version ``seen``."""
+        book = self.book
+        fresh = seen != book.version
+        return {
+            "boot": self.boot,
+            "first": book.first,
+            "jobs_version": book.version,
+            "jobs": tuple(book.table(wirealive.MAX_JOBS_SHOWN)) if fresh else None,
+            "counts": tuple(book.counts().items()) if fresh else (),
+        }
+
+    def push_due(self) -> bool:
+        """Whether there is news to push down: a new first failure, or our own job's end."""
+        own = self.book.state(self.spec.rank)
+        ended = own.state in ("exited", "killed", "stopped", "terminated")
+        return self.book.first != self._first_pushed or (ended and own != self._own_pushed)
+
+    async def pushed(self) -> None:
+        """A push down went out (to whoever answered)."""
+        self._first_pushed = self.book.first
+        self._own_pushed = self.book.state(self.spec.rank)
+        await self._deliver()
+
+    async def _deliver(self) -> None:
+        self._delivered += 1
+        async with self._changed:
+            self._changed.notify_all()
+
+    def push_body(self) -> wirealive.Alive:
+        """The keep-alive pushed down: our own job and the first failure."""
+        spec = self.spec
+        own = self.book.state(spec.rank)
+        return wirealive.Alive(
+            spec.session,
+            spec.rank,
+            spec.host,
+            job=None if own.state == "waiting" else own,
+            first=self.book.first,
+        )
+
+    async def lost(self, downs: list[Down]) -> None:
+        """Nodes named down: each whose job was running is lost (a failure)."""
+        now = self._now()
+        for down in downs:
+            cause = down.cause.replace("_", " ")
+            detail = f"nothing heard for {down.for_s:.0f} s ({cause}: {down.detail})"
+            lost = self.book.lose(down.rank, now - down.for_s, detail[:300])
+            if lost is not None:
+                self._count_failure(lost)
+                log.warning(
+                    "job_lost", extra={"rank": down.rank, "host": down.host, "detail": detail}
+                )
+                await self._changed_now()
+
+    # -- the book's changes ------------------------------------------------------------
+
+    async def _take(self, incoming: list[JobState], *, from_upstream: bool = False) -> bool:
+        first = self.book.first
+        failures = {j.rank for j in self.book.failures()}
+        changed = False
+        for job in incoming:
+            if job.rank == self.spec.rank and job.state == "lost" and not from_upstream:
+                continue  # only our upstream may name us lost
+            if self.book.note(job):
+                changed = True
+                if job.failed and job.rank not in failures:
+                    failures.add(job.rank)
+                    self._count_failure(job)
+        if not changed:
+            return False
+        if self.book.first is not None and self.book.first != first:
+            log.warning(
+                "job_first_failure",
+                extra={
+                    "rank": self.book.first.rank,
+                    "host": self.book.first.host,
+                    "what": jobs.describe(self.book.first),
+                },
+            )
+            if self._pushes_down():
+                self.nudge_down()
+        await self._changed_now()
+        return True
+
+    def _pushes_down(self) -> bool:
+        spec = self.spec
+        return spec.is_master or bool(fanout.group(spec.rank, self._size, spec.nnodes))
+
+    def _count_failure(self, job: JobState) -> None:
+        self._metrics.job_failures.labels(jobs.cause(job)).inc()
+
+    async def _changed_now(self) -> None:
+        counts = self.book.counts()
+        for state, count in counts.items():
+            self._metrics.jobs.labels(state).set(count)
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- what the local API shows -------------------------------------------------------
+
+    def view(self) -> dict[str, object]:
+        """GET /job and /status "job": this node's job, the first failure, every node's state."""
+        book, spec, now = self.book, self.spec, self._now()
+        first = book.first
+        return {
+            "version": book.version,
+            "boot": self.boot,
+            "rank": spec.rank,
+            "host": spec.host,
+            "own": jobs.as_json(book.state(spec.rank), now),
+            "first": None if first is None else jobs.as_json(first, now),
+            "stop": jobs.stops(first, spec.rank),
+            "counts": self._counts if len(spec.hosts) > wirealive.MAX_JOBS_SHOWN else book.counts(),
+            "nodes": [jobs.as_json(j, now) for j in book.table(wirealive.MAX_JOBS_SHOWN)],
+        }

@@ -1,0 +1,185 @@
+"""The supervised job, cluster-wide: reports travel on the keep-alives, the first failure reaches
+every node, and nothing healthy is ever stopped.
+
+In-process nodes on loopback, each job reported through the same JobWatch.report that the
+local API's POST /job calls. The real `rallypoint run` processes, with real jobs and faults,
+are the multi-host tier's (tests/multihost/test_run.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from rallypoint.sidecar import Sidecar
+from rallypoint.wirejobs import Report
+from tests.support.cluster import Cluster, all_ready, ready_cluster, until
+
+TOKEN = "jobs-test-secret"
+#: A keep-alive every 0.2 s: a silent peer is named after 0.8 s.
+FAST = {"keepalive_s": 0.2}
+#: A keep-alive every 5 s: any stop sooner than that was pushed, not polled.
+SLOW = {"keepalive_s": 5.0}
+
+
+def per_node(n: int, **extra: object) -> dict[int, dict[str, object]]:
+    return {r: {**FAST, **extra} for r in range(n)}
+
+
+def job(sidecar: Sidecar) -> dict[str, Any]:
+    section = sidecar.node.status()["job"]
+    assert isinstance(section, dict)
+    return section
+
+
+async def report(sidecar: Sidecar, state: str, **fields: Any) -> None:
+    jobs = sidecar.node.jobs
+    assert jobs is not None
+    await jobs.report(Report(state, fields.pop("started", 1000.0), **fields), settle_s=1.0)
+
+
+async def all_running(c: Cluster) -> None:
+    for sidecar in c.nodes.values():
+        await report(sidecar, "running")
+    await until(lambda: all(job(s)["counts"]["running"] == c.n for s in c.nodes.values()))
+
+
+def first(sidecar: Sidecar) -> dict[str, Any] | None:
+    return job(sidecar)["first"]
+
+
+async def test_a_failed_job_reaches_every_node_with_its_status_at_once() -> None:
+    async with ready_cluster(4, token=TOKEN, per_node={r: SLOW for r in range(4)}) as c:
+        await all_running(c)
+        started = time.monotonic()
+        await report(c.nodes[2], "exited", code=3)
+        await until(lambda: all(first(s) is not None for s in c.nodes.values()), timeout_s=20)
+        # Far below one 5 s interval: the worker sent it at once, the master pushed it.
+        assert time.monotonic() - started < 2.5
+        for rank, sidecar in c.nodes.items():
+            seen = first(sidecar)
+            assert seen is not None
+            assert (seen["host"], seen["rank"], seen["state"], seen["code"]) == (
+                "node2",
+                2,
+                "exited",
+                3,
+            )
+            assert job(sidecar)["stop"] is (rank != 2)
+        assert c.nodes[0].metrics.value("rallypoint_job_failures_total", cause="exited") == 1
+        assert c.nodes[0].metrics.value("rallypoint_jobs", state="exited") == 1
+
+
+async def test_the_master_s_own_failure_is_pushed_to_every_worker() -> None:
+    async with ready_cluster(3, token=TOKEN, per_node={r: SLOW for r in range(3)}) as c:
+        await all_running(c)
+        await report(c.nodes[0], "killed", signal=9)
+        await until(lambda: all(job(s)["stop"] for r, s in c.nodes.items() if r), timeout_s=2.5)
+        seen = first(c.nodes[1])
+        assert seen is not None and seen["what"] == "killed by SIGKILL"
+        assert job(c.nodes[0])["stop"] is False
+
+
+async def test_the_first_failure_is_the_earliest_one_everywhere() -> None:
+    async with ready_cluster(4, token=TOKEN, per_node=per_node(4)) as c:
+        await all_running(c)
+        # Both fail; node3's happened first by the master's clock, whoever is heard first.
+        await asyncio.gather(report(c.nodes[1], "exited", code=1), report(c.nodes[3], "killed", signal=6))
+        await until(
+            lambda: all(
+                s.node.jobs is not None and len(s.node.jobs.book.failures()) == 2
+                for s in c.nodes.values()
+            )
+        )
+        names = {r: (first(s) or {}).get("host") for r, s in c.nodes.items()}
+        assert len(set(names.values())) == 1, names
+
+
+async def test_a_lost_node_whose_job_ran_stops_the_others() -> None:
+    async with ready_cluster(4, token=TOKEN, per_node=per_node(4)) as c:
+        await all_running(c)
+        await c.stop(2)
+        await until(lambda: all(job(s)["stop"] for s in c.nodes.values()))
+        for sidecar in c.nodes.values():
+            seen = first(sidecar)
+            assert seen is not None and seen["state"] == "lost" and seen["host"] == "node2"
+            assert "nothing heard" in seen["detail"] and "refused" in seen["detail"]
+        assert c.nodes[1].metrics.value("rallypoint_job_failures_total", cause="lost") == 1
+
+
+async def test_a_lost_master_is_named_by_every_worker() -> None:
+    async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
+        await all_running(c)
+        await c.stop(0)
+        await until(lambda: all(job(s)["stop"] for s in c.nodes.values()))
+        for sidecar in c.nodes.values():
+            seen = first(sidecar)
+            assert seen is not None and (seen["host"], seen["state"]) == ("node0", "lost")
+
+
+@pytest.mark.parametrize("leaving", [0, 2])
+async def test_a_node_done_then_gone_stops_nothing(leaving: int) -> None:
+    async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
+        await all_running(c)
+        await report(c.nodes[leaving], "exited", code=0)
+        await c.stop(leaving)
+        others = [s for r, s in c.nodes.items()]
+        # Past the liveness bound (0.8 s) several times over: named down, never lost.
+        await until(
+            lambda: all(
+                any(d["rank"] == leaving for d in s.node.status()["liveness"]["down"])  # type: ignore[index]
+                for s in others
+            )
+        )
+        await asyncio.sleep(1.0)
+        for sidecar in others:
+            assert first(sidecar) is None and job(sidecar)["stop"] is False
+            assert job(sidecar)["counts"]["exited"] == 1
+
+
+async def test_a_sidecar_restarted_while_the_jobs_run_stops_nothing() -> None:
+    async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
+        await all_running(c)
+        for rank in (1, 0):
+            await c.stop(rank)
+            await c.start(rank)
+            # `run` reconnects and reports again; the new sidecar keeps alive at once.
+            await report(c.nodes[rank], "running")
+            await asyncio.sleep(0.3)  # within the 0.8 s bound of the first silence
+        await all_ready(c)
+        await asyncio.sleep(1.5)  # and past it: nobody may be named lost now
+        for sidecar in c.nodes.values():
+            assert first(sidecar) is None and job(sidecar)["stop"] is False
+
+
+async def test_in_a_relay_tree_a_failure_reaches_every_group() -> None:
+    n = 7
+    settings = {r: {**SLOW, "relay_group_size": 3} for r in range(n)}
+    async with ready_cluster(n, token=TOKEN, per_node=settings) as c:
+        await all_running(c)
+        await report(c.nodes[5], "exited", code=4)  # in relay 3's group
+        await until(lambda: all(job(s)["stop"] for r, s in c.nodes.items() if r != 5), 2.5)
+        assert all((first(s) or {}).get("code") == 4 for s in c.nodes.values())
+
+
+async def test_an_unsigned_or_malformed_job_message_is_refused_and_stops_nothing() -> None:
+    async with ready_cluster(2, token=TOKEN, per_node=per_node(2)) as c:
+        await all_running(c)
+        lie = {
+            "session": "sess-1",
+            "rank": 1,
+            "host": "node1",
+            "job": {"rank": 1, "host": "node1", "state": "exited", "code": 1},
+        }
+        async with aiohttp.ClientSession() as http:
+            async with http.post(c.peer_url(0, "/v1/alive"), json=lie) as resp:
+                assert resp.status == 401
+            bad = dict(lie, job={"rank": 1, "host": "node1", "state": "exploded"})
+            async with http.post(c.peer_url(0, "/v1/alive"), json=bad) as resp:
+                assert resp.status in (400, 401)
+        await asyncio.sleep(0.5)
+        assert first(c.nodes[0]) is None and first(c.nodes[1]) is None
