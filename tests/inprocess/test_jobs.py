@@ -88,7 +88,9 @@ async def test_the_first_failure_is_the_earliest_one_everywhere() -> None:
     async with ready_cluster(4, token=TOKEN, per_node=per_node(4)) as c:
         await all_running(c)
         # Both fail; node3's happened first by the master's clock, whoever is heard first.
-        await asyncio.gather(report(c.nodes[1], "exited", code=1), report(c.nodes[3], "killed", signal=6))
+        await asyncio.gather(
+            report(c.nodes[1], "exited", code=1), report(c.nodes[3], "killed", signal=6)
+        )
         await until(
             lambda: all(
                 s.node.jobs is not None and len(s.node.jobs.book.failures()) == 2
