@@ -1,0 +1,189 @@
+"""`rallypoint run` on namespace hosts: a failure anywhere stops the real job everywhere.
+
+Every node runs `rallypoint run -- python steps.py`: a gloo training loop that computes
+(sleeps) and all-reduces 4 MiB per step, with a collective timeout of 30 minutes, the one
+`run` has to beat. Each scenario asserts the job's fate on every node: who was stopped,
+with which exit status, and that every node named the same first failure. The waits below
+stop a hung test; the times they print are measured (bench/stop.py is the benchmark).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.multihost import harness
+from tests.support import steps
+
+pytestmark = pytest.mark.multihost
+
+HOSTS = ("main1", "sub1", "sub2", "sub3")
+INTERVAL_S = 1.0
+READY_S = 60.0
+#: Long enough for torch's import and gloo's set-up on a loaded 2-core machine.
+RUNNING_S = 120.0
+#: The liveness bound at INTERVAL_S (4 intervals, one more to hear of it), with slack.
+LOST_S = 5 * INTERVAL_S + 20.0
+STEPS = Path(steps.__file__)
+
+
+def start(make_cluster: harness.MakeCluster, **kwargs: Any) -> harness.Cluster:
+    cluster = make_cluster(hosts=HOSTS, args=("--keepalive", str(INTERVAL_S)), **kwargs)
+    cluster.start_all()
+    cluster.wait_all_ready(READY_S)
+    return cluster
+
+
+def supervise(
+    cluster: harness.Cluster, *job_args: str, run_args: tuple[str, ...] = ()
+) -> dict[str, harness.Proc]:
+    """`rallypoint run -- steps.py ARGS` on every node."""
+    argv = [sys.executable, "-m", "rallypoint", "run", "--quiet", "--timeout", "60", *run_args]
+    argv += ["--", sys.executable, str(STEPS), "--mib", "4", *job_args]
+    return {node.name: node.spawn(argv, label="run") for node in cluster}
+
+
+def lines(proc: harness.Proc, kind: str) -> list[dict[str, Any]]:
+    prefix = kind + " "
+    return [json.loads(x[len(prefix) :]) for x in proc.log().splitlines() if x.startswith(prefix)]
+
+
+def wait_running(cluster: harness.Cluster, runs: dict[str, harness.Proc], step: int = 0) -> None:
+    """Every rank past ``step``'s all-reduce (gloo's full mesh is up everywhere)."""
+    harness.wait_for(
+        lambda: all(any(s["step"] >= step for s in lines(p, "STEP")) for p in runs.values()),
+        timeout_s=RUNNING_S,
+        what=f"every rank past step {step}",
+        describe=cluster.logs,
+    )
+
+
+def ends(runs: dict[str, harness.Proc], names: tuple[str, ...], timeout_s: float) -> dict[str, int]:
+    out = {}
+    for name in names:
+        try:
+            out[name] = runs[name].wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name}'s run did not end: {runs[name].log()[-3000:]}")
+    return out
+
+
+def first_failure_line(proc: harness.Proc) -> str:
+    found = [x for x in proc.log().splitlines() if "rallypoint: first failure:" in x]
+    assert found, proc.log()[-3000:]
+    return found[-1]
+
+
+def kill_node(node: harness.Node) -> None:
+    """The node vanishes: its link goes down first (no FIN, no RST), then every process dies."""
+    node.link_down()
+    pids = subprocess.run(
+        ["ip", "netns", "pids", node.ns], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_failed_rank_stops_every_other_node_with_its_status(
+    make_cluster: harness.MakeCluster, torch_script: Any
+) -> None:
+    cluster = start(make_cluster)
+    # sub2 (rank 2) exits 3 after step 2; the others are in a 6 s compute phase then: the
+    # stop must reach them before they find its closed connections themselves.
+    runs = supervise(cluster, "--compute-s", "6", "--fail-rank", "2", "--fail-step", "2")
+    try:
+        wait_running(cluster, runs)
+        codes = ends(runs, HOSTS, RUNNING_S)
+    finally:
+        for proc in runs.values():
+            proc.kill()
+    assert codes == {"main1": 3, "sub1": 3, "sub2": 3, "sub3": 3}, (codes, cluster.logs())
+    failed_at = lines(runs["sub2"], "FAIL")[0]["at"]
+    for name in ("main1", "sub1", "sub3"):
+        stopped = lines(runs[name], "SIGTERM")
+        assert stopped, runs[name].log()[-3000:]
+        print(f"{name}: job signalled {stopped[0]['at'] - failed_at:.3f} s after sub2 failed")
+        line = first_failure_line(runs[name])
+        assert "sub2 (rank 2) exited 3" in line and line.endswith("exit 3"), line
+    # The failed node names itself: it is the first failure everywhere.
+    assert "sub2 (rank 2) exited 3" in first_failure_line(runs["sub2"])
+    for node in cluster:
+        first = node.get("/job").json()["first"]
+        assert (first["host"], first["state"], first["code"]) == ("sub2", "exited", 3)
+
+
+def test_a_lost_node_stops_the_others_with_the_requeue_status(
+    make_cluster: harness.MakeCluster, torch_script: Any
+) -> None:
+    cluster = start(make_cluster)
+    runs = supervise(cluster, "--compute-s", "0.2")
+    try:
+        wait_running(cluster, runs, step=2)
+        killed_at = time.time()
+        kill_node(cluster["sub3"])
+        # Without run the survivors would block in all_reduce for gloo's 30 minutes.
+        codes = ends(runs, ("main1", "sub1", "sub2"), LOST_S)
+    finally:
+        for proc in runs.values():
+            proc.kill()
+        cluster["sub3"].link_up()
+    assert codes == dict.fromkeys(("main1", "sub1", "sub2"), 75), (codes, cluster.logs())
+    for name in ("main1", "sub1", "sub2"):
+        line = first_failure_line(runs[name])
+        assert "sub3 (rank 3) lost: nothing heard for" in line and line.endswith("exit 75"), line
+        stopped = lines(runs[name], "SIGTERM")
+        assert stopped, runs[name].log()[-3000:]
+        print(f"{name}: job signalled {stopped[0]['at'] - killed_at:.3f} s after sub3 vanished")
+
+
+def test_a_node_stopped_from_outside_stops_the_others_with_the_requeue_status(
+    make_cluster: harness.MakeCluster, torch_script: Any
+) -> None:
+    cluster = start(make_cluster)
+    runs = supervise(cluster, "--compute-s", "0.5", run_args=("--lost-exit-code", "99"))
+    try:
+        wait_running(cluster, runs, step=1)
+        runs["sub1"].signal(signal.SIGTERM)  # the scheduler stops one node (run's group only)
+        codes = ends(runs, HOSTS, RUNNING_S)
+    finally:
+        for proc in runs.values():
+            proc.kill()
+    # The node told to stop ends as its job did (SIGTERM: 143); the others with the flag's code.
+    assert codes == {"sub1": 143, "main1": 99, "sub2": 99, "sub3": 99}, (codes, cluster.logs())
+    for name in ("main1", "sub2", "sub3"):
+        line = first_failure_line(runs[name])
+        assert "sub1 (rank 1) stopped from outside by SIGTERM" in line, line
+
+
+def test_healthy_jobs_end_0_and_a_done_node_leaving_stops_nobody(
+    make_cluster: harness.MakeCluster, torch_script: Any
+) -> None:
+    cluster = start(make_cluster)
+    # sub1 writes its "checkpoint" for 3 liveness bounds after the last collective, while
+    # every other node is done and its whole node (sidecar included) goes away.
+    linger = str(3 * 5 * INTERVAL_S)
+    runs = supervise(cluster, "--steps", "4", "--linger-rank", "1", "--linger-s", linger)
+    try:
+        done = ends(runs, ("main1", "sub2", "sub3"), RUNNING_S)
+        for name in ("main1", "sub2", "sub3"):
+            cluster[name].kill_sidecar()
+        lingering = ends(runs, ("sub1",), RUNNING_S)
+    finally:
+        for proc in runs.values():
+            proc.kill()
+    assert done == {"main1": 0, "sub2": 0, "sub3": 0}, cluster.logs()
+    assert lingering == {"sub1": 0}, runs["sub1"].log()[-3000:]
+    assert lines(runs["sub1"], "DONE") and not lines(runs["sub1"], "SIGTERM")
+    status = cluster["sub1"].get("/job").json()
+    assert status["first"] is None, status

@@ -1,0 +1,85 @@
+"""A training loop for supervised-launch tests: compute, then a training-sized all-reduce, again.
+
+Each step sleeps ``--compute-s`` (the forward and backward pass), then all-reduces ``--mib``
+MiB of float32 over gloo and checks every element. The env comes from `rallypoint run` (or
+exec): ``init_method="env://"``. Lines, one write() each, with wall-clock stamps so a test
+can time what happened across nodes (they share one clock):
+
+    STEP {"rank": 0, "step": 3, "at": ...}       after each step's all-reduce
+    FAIL {"rank": 2, "code": 3, "at": ...}       --fail-rank exits --fail-code after --fail-step
+    SIGTERM {"rank": 1, "at": ...}               the stop reached this process
+    DONE {"rank": 0, "steps": 5, "at": ...}      every step done (after --linger-s)
+
+Run as a script; it needs only the standard library and torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+
+
+def say(kind: str, **fields: object) -> None:
+    fields["at"] = round(time.time(), 4)
+    os.write(1, f"{kind} {json.dumps(fields, sort_keys=True)}\n".encode())
+
+
+def stopped(rank: int) -> None:
+    """The stop reached this process: say when, and end as SIGTERM's default would."""
+    signal.sigwait({signal.SIGTERM})
+    say("SIGTERM", rank=rank)
+    os._exit(128 + signal.SIGTERM)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--mib", type=float, default=4.0)
+    parser.add_argument("--compute-s", type=float, default=0.0)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="gloo's own timeout, s")
+    parser.add_argument("--fail-rank", type=int, default=None)
+    parser.add_argument("--fail-step", type=int, default=2)
+    parser.add_argument("--fail-code", type=int, default=3)
+    parser.add_argument("--linger-rank", type=int, default=None, help="this rank writes on")
+    parser.add_argument("--linger-s", type=float, default=0.0, help="after its last step")
+    args = parser.parse_args()
+
+    # SIGTERM is taken by a thread of its own: a Python handler runs only between bytecodes
+    # of the main thread, which may be blocked in a collective whose peer is gone. Blocked
+    # before torch starts its threads, so that they inherit the mask and sigwait gets it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    rank = int(os.environ.get("RANK", "-1"))
+    threading.Thread(target=stopped, args=(rank,), daemon=True).start()
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    expected = world * (world + 1) / 2
+    tensor = torch.empty(max(1, int(args.mib * 2**20) // 4), dtype=torch.float32)
+    for step in range(args.steps):
+        time.sleep(args.compute_s)
+        tensor.fill_(float(rank + 1))
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        if not bool(torch.all(tensor == expected)):
+            say("WRONG", rank=rank, step=step)
+            return 1
+        say("STEP", rank=rank, step=step)
+        if rank == args.fail_rank and step == args.fail_step:
+            say("FAIL", rank=rank, code=args.fail_code)
+            os._exit(args.fail_code)
+    if rank == args.linger_rank:
+        time.sleep(args.linger_s)  # a checkpoint written after the last collective
+    say("DONE", rank=rank, steps=args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
