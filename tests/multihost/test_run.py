@@ -9,6 +9,7 @@ stop a hung test; the times they print are measured (bench/stop.py is the benchm
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -89,10 +90,8 @@ def kill_node(node: harness.Node) -> None:
         ["ip", "netns", "pids", node.ns], capture_output=True, text=True, check=True
     ).stdout.split()
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_a_failed_rank_stops_every_other_node_with_its_status(
