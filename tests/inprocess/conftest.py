@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +18,9 @@ from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous.node import Rendezvous
 from tests.fakes import FakeResolver
 from tests.support.api import HOSTS, SESSION
+from tests.support.env import child_env
+from tests.support.ports import free_port
+from tests.support.served import Served
 from tests.support.settings import fast_settings
 
 
@@ -57,3 +63,38 @@ async def make_node() -> AsyncIterator[Callable[..., Awaitable[Rendezvous]]]:
         await node.close()
         for port in held:
             port.close()
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[..., Served]]:
+    """Start single-node sidecars on free test ports; stop them (SIGTERM, then SIGKILL) after."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*extra: str, local_port: int | None = None) -> Served:
+        local, peer = local_port or free_port(), free_port()
+        # The sidecar keeps the ports it reserves outside the kernel's ephemeral range.
+        master, tf = free_port(low=20000, high=29999), free_port(low=20000, high=29999)
+        args = ["serve", "--local-port", str(local), "--peer-port", str(peer),
+                "--master-port", str(master), "--tf-port", str(tf), *extra]  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rallypoint", *args],
+            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        procs.append(proc)
+        return Served(proc, local, peer, master, tf)
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.communicate()
+
+
+@pytest.fixture
+def served(start: Callable[..., Served]) -> Served:
+    return start("--no-mdns")

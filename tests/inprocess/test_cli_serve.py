@@ -7,58 +7,14 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import pytest
 
 from tests.support.cli import rallypoint
 from tests.support.env import child_env
 from tests.support.ports import free_port
-
-
-@dataclass
-class Served:
-    proc: subprocess.Popen[str]
-    local_port: int
-    peer_port: int
-    master_port: int
-    tf_port: int
-
-
-@pytest.fixture
-def start() -> Iterator[Callable[..., Served]]:
-    """Start single-node sidecars on free test ports; stop them (SIGTERM, then SIGKILL) after."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*extra: str) -> Served:
-        local, peer = free_port(), free_port()
-        # The sidecar keeps the ports it reserves outside the kernel's ephemeral range.
-        master, tf = free_port(low=20000, high=29999), free_port(low=20000, high=29999)
-        args = ["serve", "--local-port", str(local), "--peer-port", str(peer),
-                "--master-port", str(master), "--tf-port", str(tf), *extra]  # fmt: skip
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rallypoint", *args],
-            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        procs.append(proc)
-        return Served(proc, local, peer, master, tf)
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        proc.communicate()
-
-
-@pytest.fixture
-def served(start: Callable[..., Served]) -> Served:
-    return start("--no-mdns")
+from tests.support.served import Served
 
 
 def test_wait_env_check_status_against_a_real_sidecar(served: Served) -> None:

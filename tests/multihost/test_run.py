@@ -126,7 +126,9 @@ def test_a_lost_node_stops_the_others_with_the_requeue_status(
     make_cluster: harness.MakeCluster, torch_script: Any
 ) -> None:
     cluster = start(make_cluster)
-    runs = supervise(cluster, "--compute-s", "0.2")
+    # A job that ignores SIGTERM (blocked in a collective, or a handler that never returns)
+    # is killed after the grace.
+    runs = supervise(cluster, "--compute-s", "0.2", "--ignore-term", run_args=("--grace", "1"))
     try:
         wait_running(cluster, runs, step=2)
         killed_at = time.time()
@@ -144,6 +146,7 @@ def test_a_lost_node_stops_the_others_with_the_requeue_status(
         stopped = lines(runs[name], "SIGTERM")
         assert stopped, runs[name].log()[-3000:]
         print(f"{name}: job signalled {stopped[0]['at'] - killed_at:.3f} s after sub3 vanished")
+        assert "did not stop within --grace 1s: SIGKILL" in runs[name].log()
 
 
 def test_a_node_stopped_from_outside_stops_the_others_with_the_requeue_status(

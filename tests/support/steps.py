@@ -7,7 +7,8 @@ can time what happened across nodes (they share one clock):
 
     STEP {"rank": 0, "step": 3, "at": ...}       after each step's all-reduce
     FAIL {"rank": 2, "code": 3, "at": ...}       --fail-rank exits --fail-code after --fail-step
-    SIGTERM {"rank": 1, "at": ...}               the stop reached this process
+    SIGTERM {"rank": 1, "at": ...}               the stop reached this process (--ignore-term:
+                                                 and it goes on, until SIGKILL)
     DONE {"rank": 0, "steps": 5, "at": ...}      every step done (after --linger-s)
 
 Run as a script; it needs only the standard library and torch.
@@ -30,11 +31,12 @@ def say(kind: str, **fields: object) -> None:
     os.write(1, f"{kind} {json.dumps(fields, sort_keys=True)}\n".encode())
 
 
-def stopped(rank: int) -> None:
+def stopped(rank: int, ignore: bool) -> None:
     """The stop reached this process: say when, and end as SIGTERM's default would."""
     signal.sigwait({signal.SIGTERM})
     say("SIGTERM", rank=rank)
-    os._exit(128 + signal.SIGTERM)
+    if not ignore:
+        os._exit(128 + signal.SIGTERM)
 
 
 def main() -> int:
@@ -48,6 +50,7 @@ def main() -> int:
     parser.add_argument("--fail-code", type=int, default=3)
     parser.add_argument("--linger-rank", type=int, default=None, help="this rank writes on")
     parser.add_argument("--linger-s", type=float, default=0.0, help="after its last step")
+    parser.add_argument("--ignore-term", action="store_true", help="go on after SIGTERM")
     args = parser.parse_args()
 
     # SIGTERM is taken by a thread of its own: a Python handler runs only between bytecodes
@@ -55,7 +58,7 @@ def main() -> int:
     # before torch starts its threads, so that they inherit the mask and sigwait gets it.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     rank = int(os.environ.get("RANK", "-1"))
-    threading.Thread(target=stopped, args=(rank,), daemon=True).start()
+    threading.Thread(target=stopped, args=(rank, args.ignore_term), daemon=True).start()
 
     import torch
     import torch.distributed as dist

@@ -64,7 +64,9 @@ class Supervisor:
         """Start the command, supervise it, and return the exit status `run` ends with."""
         self._started = time.time()
         try:
-            self._child = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+            self._child = subprocess.Popen(
+                self.command, env=self.env, start_new_session=True, preexec_fn=_die_with_parent
+            )
         except FileNotFoundError:
             self.say(f"error: {self.command[0]!r} not found: check the command and PATH")
             return 127
@@ -234,6 +236,21 @@ class Supervisor:
         else:
             state = wirejobs.Report("running", self._started)
         return wirejobs.encode_report(state)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL it when `run` dies (a SIGKILL `run` cannot pass on, say).
+
+    Linux's PR_SET_PDEATHSIG; elsewhere, or when it fails, nothing: the job then outlives a
+    killed `run`, as it would any other parent.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _reap_orphans() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterable
 
 from rallypoint import fanout, jobs, wirealive
@@ -39,16 +38,16 @@ class JobWatch:
         boot: str,
         group_size: int,
         now: Callable[[], float],
-        wall: Callable[[], float] = time.time,
+        offset: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.spec = spec
         self.book = JobBook(spec.hosts)
         self.boot = boot
         self._metrics = metrics
         self._size = group_size
-        #: The master's clock (every stamp is on it) and this node's own.
+        #: The master's clock (every stamp is on it), and this node's clock minus it.
         self._now = now
-        self._wall = wall
+        self._offset = offset
         self._changed = asyncio.Condition()
         #: Set by the keep-alive loop: send a keep-alive upstream now (a worker's change).
         self.nudge_up: Callable[[], None] = lambda: None
@@ -73,10 +72,8 @@ class JobWatch:
         """Take this node's own report; wait up to ``settle_s`` for it to reach the master."""
         spec = self.spec
         # `run` stamps the start by this node's clock: put it on the master's.
-        started = report.started + (self._now() - self._wall())
-        known = self.book.state(spec.rank)
-        if report.state != "running" and known.started:
-            started = known.started  # the same run: keep its identity exact
+        # Rounded as the wire rounds it: every node compares the same run by the same number.
+        started = round(report.started - self._offset(), 3)
         job = JobState(
             spec.rank,
             spec.host,

@@ -237,7 +237,12 @@ class Rendezvous(AsyncResource):
             self.master = Master(self.book, self.ctx, documents=self.verification)
         size = fanout.group_size(spec.nnodes, self.settings.relay_group_size)
         self.jobs = JobWatch(
-            spec, self.metrics, boot=self.epoch, group_size=size, now=self.offsets.now
+            spec,
+            self.metrics,
+            boot=self.epoch,
+            group_size=size,
+            now=self.offsets.now,
+            offset=lambda: self.offsets.offset_s,
         )
         if self.settings.keepalive_s > 0:
             watch = liveness.Watch(spec.hosts, spec.rank, self.settings.keepalive_s)
