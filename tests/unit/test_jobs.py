@@ -1,0 +1,189 @@
+"""jobs.py and wirejobs.py: the job states, the first failure, exit statuses and their wire form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rallypoint import jobs, wirealive, wirejobs
+from rallypoint.errors import PeerMessageError
+from rallypoint.jobs import JobBook, JobState
+
+HOSTS = ("main1", "sub1", "sub2", "sub3")
+
+
+def state(rank: int, what: str, since: float = 10.0, **fields: object) -> JobState:
+    return JobState(rank, HOSTS[rank], what, 1.0, since, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "job, failed, described, status",
+    [
+        (state(1, "exited", code=0), False, "exited 0", None),
+        (state(1, "exited", code=3), True, "exited 3", 3),
+        (state(1, "killed", signal=9), True, "killed by SIGKILL", 137),
+        (state(1, "terminated", signal=15), True, "stopped from outside by SIGTERM", 75),
+        (
+            state(1, "lost", detail="nothing heard for 12 s"),
+            True,
+            "lost: nothing heard for 12 s",
+            75,
+        ),
+        (state(1, "stopped"), False, "stopped by the cluster", None),
+        (state(1, "running"), False, "running", None),
+        (state(1, "killed", signal=99), True, "killed by signal 99", 227),
+    ],
+)
+def test_each_state_says_whether_it_failed_what_happened_and_the_status(
+    job: JobState, failed: bool, described: str, status: int | None
+) -> None:
+    assert job.failed is failed
+    assert jobs.describe(job) == described
+    if status is not None:
+        assert jobs.exit_status(job) == status
+        assert jobs.exit_status(job, lost_code=99) == (99 if status == 75 else status)
+
+
+def test_the_first_failure_is_the_earliest_whatever_order_it_is_heard_in() -> None:
+    late, early = state(1, "exited", 20.0, code=1), state(3, "killed", 15.0, signal=6)
+    for order in ([late, early], [early, late]):
+        book = JobBook(HOSTS)
+        for job in order:
+            assert book.note(job)
+        assert book.first == early
+        assert [j.rank for j in book.failures()] == [3, 1]
+
+
+def test_a_stale_state_never_overtakes_a_newer_one_and_failures_stay() -> None:
+    book = JobBook(HOSTS)
+    book.note(state(2, "running", 5.0))
+    book.note(state(2, "exited", 6.0, code=2))
+    assert not book.note(state(2, "running", 7.0))  # late news of the same run
+    assert book.state(2).state == "exited"
+    book.note(JobState(2, "sub2", "running", 50.0, 50.0))  # a later run
+    assert book.state(2).state == "running" and book.first is not None
+    assert book.first.code == 2
+
+
+def test_only_a_running_job_is_lost_and_a_lost_node_stays_lost() -> None:
+    book = JobBook(HOSTS)
+    assert book.lose(1, 9.0, "x") is None  # never heard of: nothing was running
+    book.note(state(1, "exited", code=0))
+    assert book.lose(1, 9.0, "x") is None  # done: its sidecar leaving stops nothing
+    book.note(state(2, "running"))
+    lost = book.lose(2, 9.0, "nothing heard for 12 s")
+    assert lost is not None and book.first == lost
+    assert not book.note(state(2, "running", 30.0))
+    assert book.state(2).state == "lost"
+
+
+@pytest.mark.parametrize(
+    "first, rank, stops",
+    [
+        (None, 1, False),
+        (state(2, "exited", code=1), 1, True),
+        (state(1, "exited", code=1), 1, False),  # our own: the child already ended
+        (state(1, "lost"), 1, True),  # named lost while cut off: the others stopped
+    ],
+)
+def test_who_stops(first: JobState | None, rank: int, stops: bool) -> None:
+    assert jobs.stops(first, rank) is stops
+
+
+def test_counts_and_the_table_show_failures_first() -> None:
+    book = JobBook(HOSTS)
+    book.note(state(0, "running"))
+    book.note(state(3, "exited", code=4))
+    assert book.counts() == {**dict.fromkeys(jobs.STATES, 0), "waiting": 2, "running": 1,
+                             "exited": 1}  # fmt: skip
+    assert [j.rank for j in book.table(5)] == [3, 0]
+    assert [j.rank for j in book.table(1)] == [3]
+
+
+def test_the_line_names_node_rank_what_and_when() -> None:
+    job = state(2, "exited", code=1)
+    assert jobs.line(job, 0.42) == (
+        "first failure: sub2 (rank 2) exited 1, 0.4 s before this node's stop"
+    )
+    assert jobs.line(job, None) == "first failure: sub2 (rank 2) exited 1"
+
+
+# --- wire ------------------------------------------------------------------------------------
+
+
+def test_states_and_reports_round_trip() -> None:
+    job = JobState(2, "sub2", "lost", 1.5, 2.25, detail="nothing heard")
+    assert wirejobs.parse(wirejobs.encode(job), "job") == job
+    report = wirejobs.Report("killed", 1234.5, None, 9)
+    assert wirejobs.parse_report(wirejobs.encode_report(report)) == report
+    alive = wirealive.Alive("s", 2, "sub2", job=job, jobs=(job,), first=job, jobs_seen=4)
+    assert wirealive.parse_alive(wirealive.encode_alive(alive)) == alive
+    answer = wirealive.AliveAnswer(
+        "s", 0, (), 0, "abc123", job, 7, (job,), (("lost", 1), ("running", 3))
+    )
+    assert wirealive.parse_answer(wirealive.encode_answer(answer)) == answer
+
+
+@pytest.mark.parametrize(
+    "body, fault",
+    [
+        ({"state": "lost", "started": 1}, "state must be one of running"),
+        ({"state": "exited", "started": 1}, "needs its code"),
+        ({"state": "killed", "started": 1}, "needs its signal"),
+        ({"state": "exited", "started": 1, "code": 256}, "code must be an integer in 0-255"),
+        ({"state": "running", "started": "soon"}, "started must be a number"),
+        ({"state": "running"}, "started must be a number"),
+    ],
+)
+def test_bad_reports_name_the_field(body: dict[str, object], fault: str) -> None:
+    with pytest.raises(PeerMessageError, match=fault):
+        wirejobs.parse_report(json.dumps(body).encode())
+
+
+def test_a_keepalive_may_not_carry_another_node_s_own_job() -> None:
+    body = json.loads(wirealive.encode_alive(wirealive.Alive("s", 2, "sub2")))
+    body["job"] = wirejobs.encode(state(1, "exited", code=1))
+    with pytest.raises(PeerMessageError, match="sender's rank"):
+        wirealive.parse_alive(json.dumps(body).encode())
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "rank": JSON | st.integers(-2, 5),
+        "host": JSON | st.sampled_from(HOSTS),
+        "state": JSON | st.sampled_from(jobs.STATES),
+        "started": JSON,
+        "since": JSON,
+        "code": JSON,
+        "signal": JSON,
+        "detail": JSON,
+    },
+)
+
+
+@given(FIELDS)
+def test_any_state_from_a_peer_is_a_state_or_a_clear_error(value: dict[str, object]) -> None:
+    try:
+        job = wirejobs.parse(value, "job")
+    except PeerMessageError as exc:
+        assert str(exc).startswith("job")
+    else:
+        assert job.state in jobs.STATES and job.rank >= 0
+
+
+@given(FIELDS)
+def test_any_report_is_a_report_or_a_clear_error(value: dict[str, object]) -> None:
+    try:
+        report = wirejobs.parse_report(json.dumps(value).encode())
+    except PeerMessageError:
+        return
+    assert report.state in jobs.REPORTED
