@@ -120,6 +120,8 @@ def test_a_failed_rank_stops_every_other_node_with_its_status(
     for node in cluster:
         first = node.get("/job").json()["first"]
         assert (first["host"], first["state"], first["code"]) == ("sub2", "exited", 3)
+    shown = cluster["sub1"].run([sys.executable, "-m", "rallypoint", "status"], timeout_s=30.0)
+    assert "first failure: sub2 (rank 2) exited 3" in shown.stdout, shown.stdout
 
 
 def test_a_lost_node_stops_the_others_with_the_requeue_status(

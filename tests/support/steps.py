@@ -7,6 +7,7 @@ can time what happened across nodes (they share one clock):
 
     STEP {"rank": 0, "step": 3, "at": ...}       after each step's all-reduce
     FAIL {"rank": 2, "code": 3, "at": ...}       --fail-rank exits --fail-code after --fail-step
+    ERROR {"rank": 1, "error": "...", "at": ...} a collective failed (a peer is gone): exit 1
     SIGTERM {"rank": 1, "at": ...}               the stop reached this process (--ignore-term:
                                                  and it goes on, until SIGKILL)
     DONE {"rank": 0, "steps": 5, "at": ...}      every step done (after --linger-s)
@@ -70,7 +71,11 @@ def main() -> int:
     for step in range(args.steps):
         time.sleep(args.compute_s)
         tensor.fill_(float(rank + 1))
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        except RuntimeError as exc:
+            say("ERROR", rank=rank, error=str(exc).splitlines()[0][:200])
+            return 1
         if not bool(torch.all(tensor == expected)):
             say("WRONG", rank=rank, step=step)
             return 1

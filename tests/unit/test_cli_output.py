@@ -100,3 +100,21 @@ def test_a_verdict_that_is_a_problem_keeps_its_remedy() -> None:
     for text in (cli_status.format_status(doc), cli_status.format_status(doc, explain=True)):
         assert "(fine)" not in text
         assert "map the name" in text
+
+
+def test_status_shows_the_job_and_its_first_failure() -> None:
+    node = {"rank": 2, "host": "sub2", "state": "exited", "what": "exited 3"}
+    job = {
+        "counts": {"waiting": 1, "running": 2, "exited": 1},
+        "first": {**node, "ago_s": 4.25},
+        "nodes": [node, {"rank": 0, "host": "main1", "state": "running", "what": "running"}],
+    }
+    text = cli_status.format_status({"ready": True, "job": job})
+    assert "job: 2 running, 1 exited, 1 not started" in text
+    assert "first failure: sub2 (rank 2) exited 3, 4.2 s ago" in text
+    assert "  - main1 (rank 0): running" in text
+
+
+def test_status_says_nothing_of_a_job_nobody_runs() -> None:
+    job = {"counts": {"waiting": 3}, "first": None, "nodes": []}
+    assert "job" not in cli_status.format_status({"ready": True, "job": job})

@@ -126,7 +126,35 @@ def format_status(doc: Mapping[str, Any], *, explain: bool = False, show_all: bo
     for title, items in sections.items():
         if items:
             out += ["", f"{title}:"] + [f"  - {item}" for item in items]
+    out += job_lines(doc.get("job"), show_all=show_all)
     return "\n".join(out)
+
+
+def job_lines(job: object, *, show_all: bool = False) -> list[str]:
+    """The supervised job (`rallypoint run`): the first failure, counts, then node by node."""
+    if not isinstance(job, dict):
+        return []
+    counts = job.get("counts") if isinstance(job.get("counts"), dict) else {}
+    assert isinstance(counts, dict)
+    started = {k: v for k, v in counts.items() if k != "waiting" and isinstance(v, int) and v}
+    first = job.get("first")
+    if not started and not isinstance(first, dict):
+        return []  # no node runs its job under `rallypoint run` (yet)
+    said = ", ".join(f"{n} {state}" for state, n in sorted(started.items(), key=_by_count))
+    waiting = counts.get("waiting")
+    out = ["", f"job: {said}" + (f", {waiting} not started" if waiting else "")]
+    if isinstance(first, dict):
+        ago = first.get("ago_s")
+        when = f", {ago:.1f} s ago" if isinstance(ago, int | float) else ""
+        out.append(
+            f"  first failure: {first.get('host')} (rank {first.get('rank')})"
+            f" {first.get('what')}{when}"
+        )
+    nodes = [n for n in job.get("nodes") or () if isinstance(n, dict)]
+    if not show_all and len(nodes) > SUMMARY_ABOVE:
+        nodes = [n for n in nodes if n.get("state") != "running"]
+    out += [f"  - {n.get('host')} (rank {n.get('rank')}): {n.get('what')}" for n in nodes]
+    return out
 
 
 #: The peer states that are a problem: the summary lists these peers.
