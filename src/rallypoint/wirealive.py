@@ -28,8 +28,9 @@ from rallypoint.wirefields import (
     session,
 )
 
-#: Largest keep-alive accepted: a relay's group of up to 1024 ages and job states fits.
-MAX_ALIVE_BYTES = 256 * 1024
+#: Largest keep-alive accepted: a relay's group (fanout.MAX_GROUP) of ages and job states fits
+#: several times.
+MAX_ALIVE_BYTES = 60 * 1024
 #: Largest answer accepted.
 MAX_ANSWER_BYTES = 256 * 1024
 #: Most nodes one answer names (the total says how many more there are).
