@@ -46,6 +46,8 @@ IFNAME = netns.IFNAME
 #: Which tag belongs to which live run (and its munged), so the sweeper spares live runs.
 OWNERS_DIR = Path("/run/rallypoint-slurm")
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "sinfo")
+#: The iptables rules of a host that vanished: nothing in, nothing out.
+DROP_ALL = (("INPUT", "-j", "DROP"), ("OUTPUT", "-j", "DROP"))
 #: Terminal job states (squeue/scontrol names).
 FINAL_STATES = frozenset(
     {
@@ -450,6 +452,53 @@ class SlurmCluster:
         done = sh(["ip", "netns", "pids", self.hosts[name].ns], check=False)
         return [int(pid) for pid in done.stdout.split() if pid.isdigit()]
 
+    # --- a node that vanishes ---------------------------------------------------------------
+
+    def _netfilter(self, name: str, action: str, rules: Sequence[Sequence[str]]) -> None:
+        """Insert (-I) or delete (-D) iptables rules in a host's own namespace.
+
+        A namespace has its own netfilter tables: nothing of the machine's is touched, and
+        deleting the namespace deletes the rules too.
+        """
+        for rule in rules:
+            sh(["ip", "netns", "exec", self.hosts[name].ns, "iptables", action, *rule])
+
+    def cut_port(self, name: str, port: int, action: str = "-I") -> None:
+        """Drop every TCP packet to or from ``port`` on a host (``action="-D"`` undoes it)."""
+        rules = [
+            [chain, "-p", "tcp", direction, str(port), "-j", "DROP"]
+            for chain in ("INPUT", "OUTPUT")
+            for direction in ("--dport", "--sport")
+        ]
+        self._netfilter(name, action, rules)
+
+    def vanish(self, name: str) -> None:
+        """Make a compute node vanish as a machine that lost power does.
+
+        Its traffic is dropped first, so no FIN or RST tells anyone: peers see silence. Then
+        every process in its namespace is killed: slurmd (Slurm sees a node failure once
+        SlurmdTimeout passes), slurmstepd, and the job's processes. `revive` undoes it.
+        """
+        self._netfilter(name, "-I", DROP_ALL)
+        for pid in self.strays(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._procs[f"slurmd-{name}"].wait(timeout=10)
+
+    def revive(self, name: str) -> None:
+        """Undo `vanish`: traffic passes again and a fresh slurmd registers the node.
+
+        With ReturnToService=2 a node that was DOWN for not responding returns to service
+        when it registers; the caller waits for it (`wait_idle`).
+        """
+        for pid in self.strays(name):  # anything left of the job the node ran
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._netfilter(name, "-D", DROP_ALL)
+        argv = ["slurmd", "-D", "-N", name, "-f", str(self.conf)]
+        self._spawn(f"slurmd-{name}", self.command(name, argv))
+
     def close(self) -> None:
         """Stop every daemon and delete everything up() created; safe to call twice."""
         if self._closed:
@@ -480,7 +529,10 @@ class SlurmCluster:
 
 
 #: slurm.conf of the test cluster. Everything lives in the work directory; SlurmUser is
-#: root so that nothing needs the slurm account's permissions on it.
+#: root so that nothing needs the slurm account's permissions on it. A node that stops
+#: answering is DOWN after SlurmdTimeout (plus up to a third of it between pings), and its
+#: batch jobs are requeued (JobRequeue=1; the guide's script also says --requeue); a batch
+#: script that exits 75, `rallypoint run`'s status for a lost node, is requeued too.
 SLURM_CONF = """\
 ClusterName=rallypoint
 SlurmctldHost={controller}({controller_addr})
@@ -507,7 +559,9 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 ReturnToService=2
 SlurmctldTimeout=30
-SlurmdTimeout=60
+SlurmdTimeout=30
+JobRequeue=1
+RequeueExit=75
 InactiveLimit=0
 KillWait=5
 MinJobAge=600

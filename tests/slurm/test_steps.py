@@ -19,7 +19,7 @@ from tests.slurm.conftest import (
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
-#: Well below `rallypoint exec`'s own wait (300 s): a job that hangs instead of failing
+#: Well below `rallypoint run`'s own wait (300 s): a job that hangs instead of failing
 #: is cancelled at this point and the test fails.
 FAIL_FAST_S = 120.0
 
@@ -40,10 +40,8 @@ def test_step_on_part_of_the_allocation_fails_at_once_naming_slurm_nnodes(
 ) -> None:
     script = runnable_guide_script()
     block = srun_block(script)
-    partial = block.replace(
-        "srun --kill-on-bad-exit=1 ", "srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 "
-    )
-    assert partial != block
+    assert block.startswith("srun bash -c"), block
+    partial = block.replace("srun ", "srun --nodes=2 --ntasks=2 ", 1)
     job = slurm.run_job(
         script.replace(block, partial),
         "partial-slurm",
@@ -55,8 +53,8 @@ def test_step_on_part_of_the_allocation_fails_at_once_naming_slurm_nnodes(
     assert job.state == "FAILED", job.describe()
     errors = error_lines(job, "SLURM_NNODES=2")
     # At most one line per sidecar of the step, naming the variable and the job's list: the
-    # first sidecar's exit 2 makes srun (--kill-on-bad-exit) stop the other, which may not
-    # have got as far as its own line.
+    # first sidecar's exit 2 makes its task stop the step (the guide's scancel), and the
+    # other may not have got as far as its own line.
     assert 1 <= len(errors) <= 2, job.describe()
     assert all("SLURM_JOB_NODELIST='gpu[07-09]'" in line for line in errors), errors
     assert "exit code 2" in job.output, job.describe()
