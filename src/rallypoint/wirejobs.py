@@ -62,7 +62,7 @@ def parse(value: object, at: str) -> JobState:
         started=number(value.get("started", 0.0), f"{at}.started", 0.0, MAX_TIME),
         since=number(value.get("since", 0.0), f"{at}.since", 0.0, MAX_TIME),
         code=_optional(value.get("code"), f"{at}.code", 255),
-        signal=_optional(value.get("signal"), f"{at}.signal", 127),
+        signal=_signal(value.get("signal"), f"{at}.signal"),
         detail=detail,
     )
 
@@ -87,6 +87,10 @@ class Report(msgspec.Struct, frozen=True):
     started: float
     code: int | None = None
     signal: int | None = None
+    #: When the state began, by the node's own clock (None: when the sidecar hears of it).
+    #: The child's end as `run` saw it keeps cause before consequence: a peer's collective
+    #: fails only after the process that failed first was gone.
+    at: float | None = None
 
 
 def encode_report(report: Report) -> bytes:
@@ -101,7 +105,8 @@ def parse_report(body: bytes) -> Report:
     if state not in REPORTED:
         raise PeerMessageError(f"job report: state must be one of {', '.join(REPORTED)}")
     code = _optional(data.get("code"), "code", 255)
-    signal = _optional(data.get("signal"), "signal", 127)
+    signal = _signal(data.get("signal"), "signal")
+    at = data.get("at")
     if state == "exited" and code is None:
         raise PeerMessageError("job report: an exited job needs its code (0-255)")
     if state in ("killed", "terminated") and signal is None:
@@ -111,7 +116,12 @@ def parse_report(body: bytes) -> Report:
         started=number(data.get("started"), "started", 0.0, MAX_TIME),
         code=code,
         signal=signal,
+        at=None if at is None else number(at, "at", 0.0, MAX_TIME),
     )
+
+
+def _signal(value: object, at: str) -> int | None:
+    return None if value is None else integer(value, at, 1, 127)
 
 
 def _optional(value: object, at: str, high: int) -> int | None:

@@ -83,7 +83,10 @@ def test_the_child_s_own_status_is_run_s_and_its_sidecar_knows_it(
     assert isinstance(own, dict) and own["what"] == what
     if status:
         # The first failure is named on stderr, and it is this node's own.
-        assert f"first failure: 127.0.0.1 (rank 0) {what}" in proc.stderr, proc.stderr
+        line = f"first failure: 127.0.0.1 (rank 0) {what}, "
+        assert line in proc.stderr and proc.stderr.rstrip().endswith(f"; exit {status}"), (
+            proc.stderr
+        )
     else:
         assert "first failure" not in proc.stderr
 

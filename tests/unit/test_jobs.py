@@ -136,6 +136,8 @@ def test_states_and_reports_round_trip() -> None:
         ({"state": "exited", "started": 1, "code": 256}, "code must be an integer in 0-255"),
         ({"state": "running", "started": "soon"}, "started must be a number"),
         ({"state": "running"}, "started must be a number"),
+        ({"state": "killed", "started": 1, "signal": 0}, "signal must be an integer in 1-127"),
+        ({"state": "exited", "started": 1, "code": 0, "at": -1}, "at must be a number"),
     ],
 )
 def test_bad_reports_name_the_field(body: dict[str, object], fault: str) -> None:

@@ -31,6 +31,8 @@ RETRY_S = 1.0
 POLL_S = 30.0
 #: Longest wait for the sidecar's answer to a report (it waits for the report to go on).
 REPORT_TIMEOUT_S = 8.0
+#: How long a node whose child failed waits for news of an earlier failure elsewhere.
+SETTLE_S = 0.5
 
 
 class Supervisor:
@@ -56,6 +58,8 @@ class Supervisor:
         self._child: subprocess.Popen[bytes] | None = None
         self._started = 0.0
         self._terminated: int | None = None
+        self._terminated_at: float | None = None
+        self._ended_at: float | None = None
         self._view: dict[str, object] | None = None
 
     # -- the whole run ------------------------------------------------------------------
@@ -102,15 +106,18 @@ class Supervisor:
 
     def _reap(self) -> None:
         assert self._child is not None
-        self._events.put(("exit", self._child.wait()))
+        returncode = self._child.wait()
+        self._ended_at = time.time()
+        self._events.put(("exit", returncode))
 
     def _forward(self, signum: int, _frame: FrameType | None) -> None:
         """A signal for `run`: an outside stop is reported first, then the group gets it."""
         if signum in jobs.STOP_SIGNALS and self._terminated is None:
             self._terminated = signum
+            self._terminated_at = time.time()
             # The others must hear of an outside stop (preempted, evicted, `docker stop`)
             # before their collectives fail on this node's closed connections.
-            self._report("terminated", signal=signum, timeout_s=2.0)
+            self._report("terminated", signal=signum, at=self._terminated_at, timeout_s=2.0)
         self._signal_group(signum)
 
     def _signal_group(self, signum: int) -> bool:
@@ -125,17 +132,42 @@ class Supervisor:
         return True
 
     def _ended(self, returncode: int) -> int:
-        """The child ended by itself: report it, clear the group, exit with its status."""
+        """The child ended by itself: report it, clear the group, exit with its status.
+
+        A child that failed after another node's failure reached the cluster failed because
+        of it (its collective lost a peer a moment before the stop reached it here): `run`
+        then exits as if stopped, with the first failure's status, so that the statuses a
+        scheduler sees do not depend on which came first on this node.
+        """
         status = returncode if returncode >= 0 else 128 - returncode
+        at = self._ended_at
         if returncode >= 0:
-            view = self._report("exited", code=returncode)
+            view = self._report("exited", code=returncode, at=at)
         else:
-            view = self._report("killed", signal=-returncode)
+            view = self._report("killed", signal=-returncode, at=at)
         self._clear_group()
-        first = None if view is None else view.get("first")
-        if status != 0 and isinstance(first, dict):
-            self.say(f"rallypoint: {_line(first, 0.0)}")
+        if status == 0 or view is None:
+            return status
+        if view.get("stop") is not True:
+            view = self._settled(view)
+        first = view.get("first")
+        if not isinstance(first, dict):
+            return status
+        if view.get("stop") is True:
+            status = jobs.exit_status(_state(first), self.lost_code)
+        self.say(f"rallypoint: {_line(first, _number(first.get('ago_s')))}; exit {status}")
         return status
+
+    def _settled(self, view: dict[str, object]) -> dict[str, object]:
+        """The view a moment later: a failure before ours may still be on its way."""
+        version, counts = _number(view.get("version")), view.get("counts")
+        alone = not isinstance(counts, dict) or sum(counts.values()) <= 1
+        if version is None or alone:
+            return view  # no other node to hear from
+        try:
+            return client.job(self.url, int(version), SETTLE_S)
+        except RallypointError:
+            return view
 
     def _stop(self, view: dict[str, object]) -> int:
         """Another node failed first (or this one is lost): stop the job, exit with the status."""
@@ -182,9 +214,11 @@ class Supervisor:
         *,
         code: int | None = None,
         signal: int | None = None,
+        at: float | None = None,
         timeout_s: float = REPORT_TIMEOUT_S,
     ) -> dict[str, object] | None:
-        body = wirejobs.encode_report(wirejobs.Report(state, self._started, code, signal))
+        report = wirejobs.Report(state, self._started, code, signal, at)
+        body = wirejobs.encode_report(report)
         try:
             view = client.report_job(self.url, body, timeout_s=timeout_s)
         except RallypointError:
@@ -232,7 +266,9 @@ class Supervisor:
 
     def _running_body(self) -> bytes:
         if self._terminated is not None:
-            state = wirejobs.Report("terminated", self._started, None, self._terminated)
+            state = wirejobs.Report(
+                "terminated", self._started, None, self._terminated, self._terminated_at
+            )
         else:
             state = wirejobs.Report("running", self._started)
         return wirejobs.encode_report(state)

@@ -79,7 +79,7 @@ class JobWatch:
             spec.host,
             report.state,
             started,
-            self._now(),
+            self._now() if report.at is None else round(report.at - self._offset(), 3),
             code=report.code,
             signal=report.signal,
         )
@@ -95,8 +95,8 @@ class JobWatch:
             self.nudge_down()
         if not spec.is_master:
             self.nudge_up()
-        if job.state == "running":
-            return
+        if job.state in ("running", "stopped"):
+            return  # nothing waits on these: a start, and a stop the others caused
         # `run` hears back once the report went up (or down, on the master): a job that
         # ended 0 is known as done before its sidecar may leave. Bounded by ``settle_s``.
         with contextlib.suppress(TimeoutError):
