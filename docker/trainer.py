@@ -1,8 +1,9 @@
 """Stand-in trainer: prove the env served by rallypoint is usable, without torch.
 
-Run after `rallypoint wait --out /rp/env.sh --format sh` has written the env and
-the env has been sourced (`set -a; . /rp/env.sh`). It does what a torch job does
-with that env, minus the tensors:
+Run under `rallypoint run -- python3 trainer.py` (which hands it the served env),
+or after `rallypoint wait --out /rp/env.sh --format sh` with that file sourced
+(`set -a; . /rp/env.sh`). It does what a torch job does with the env, minus the
+tensors:
 
 * the master node (NODE_RANK 0) listens on MASTER_PORT with SO_REUSEADDR, as
   torch's TCPStore does, while the sidecar in the same network namespace still
@@ -12,17 +13,26 @@ with that env, minus the tensors:
 
 It prints one line `rallypoint-trainer {json}` with the env it used and exits
 0 on success, 1 with a one-line `error:` otherwise.
+
+With TRAINER_HOLD_S > 0 it then "trains" that long before the summary: a job that is
+still running when a node goes away. Like a collective waiting on a dead peer, it does
+not notice by itself; `rallypoint run` stops it (SIGTERM, logged as a `stopped` line).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
 
 SUMMARY_PREFIX = "rallypoint-trainer "
+#: Printed after the first exchange with the master: from here on the job is "mid-job".
+TRAINING_PREFIX = "rallypoint-trainer-training "
+#: Printed when the trainer is stopped by a signal (what `rallypoint run` sends).
+STOPPED_PREFIX = "rallypoint-trainer-stopped "
 CONNECT_DEADLINE_S = float(os.environ.get("TRAINER_DEADLINE_S", "120"))
 ENV_KEYS = (
     "MASTER_ADDR",
@@ -151,8 +161,32 @@ def greet_master(addr: str, port: int, rank: int, hostname: str) -> str:
         delay_s = min(delay_s * 2, 2.0)
 
 
+def hold(hostname: str, exchanged: list[str]) -> None:
+    """Stay "mid-job" for TRAINER_HOLD_S seconds; a SIGTERM ends it with 128+15."""
+    raw = os.environ.get("TRAINER_HOLD_S") or "0"
+    try:
+        hold_s = float(raw)
+    except ValueError as exc:
+        raise TrainerError(f"TRAINER_HOLD_S={raw!r} is not a number of seconds") from exc
+    if hold_s <= 0:
+        return
+
+    def stopped(signum: int, _frame: object) -> None:
+        # Say so, so that a reader (and the compose tier) can tell a stop from a crash.
+        # os.write, not print: the signal may land inside a print, and sys.stdout is
+        # not reentrant.
+        name = signal.Signals(signum).name
+        os.write(sys.stdout.fileno(), f"{STOPPED_PREFIX}{hostname} by {name}\n".encode())
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stopped)
+    info = {"host": hostname, "exchanged": len(exchanged), "hold_s": hold_s}
+    print(TRAINING_PREFIX + json.dumps(info, sort_keys=True), flush=True)
+    time.sleep(hold_s)
+
+
 def main() -> int:
-    """Check the env, talk to the master, print the summary line."""
+    """Check the env, talk to the master, (hold,) print the summary line."""
     hostname = socket.gethostname()
     try:
         addr = require_env("MASTER_ADDR")
@@ -167,6 +201,7 @@ def main() -> int:
             exchanged = serve_master(port, nnodes, hostname)
         else:
             exchanged = [greet_master(addr, port, rank, hostname)]
+        hold(hostname, exchanged)
     except TrainerError as exc:
         print(f"error: {hostname}: {exc}", file=sys.stderr, flush=True)
         return 1

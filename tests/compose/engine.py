@@ -8,9 +8,11 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +103,11 @@ class ComposeSession:
     compose: list[str]
     file: Path
     project: str = field(default_factory=lambda: f"rptest{uuid.uuid4().hex[:10]}")
+    #: Variables the compose file interpolates (TRAINER_HOLD_S, say), over the caller's.
+    variables: dict[str, str] = field(default_factory=dict)
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "RALLYPOINT_IMAGE": IMAGE}
+        return {**os.environ, "RALLYPOINT_IMAGE": IMAGE, **self.variables}
 
     def _compose(
         self, *args: str, timeout_s: float, check: bool = True
@@ -133,6 +137,26 @@ class ComposeSession:
         status = json.loads(out.stdout)
         assert isinstance(status, dict), out.stdout
         return status
+
+    def container_logs(self, service: str) -> str:
+        """One container's stdout and stderr so far."""
+        done = run([self.docker, "logs", self.container_id(service)], timeout_s=60)
+        return done.stdout + done.stderr
+
+    def stop(self, services: Sequence[str], *, grace_s: int) -> None:
+        """`docker stop` each service's container in turn: SIGTERM, SIGKILL after grace_s."""
+        for service in services:
+            cid = self.container_id(service)
+            run([self.docker, "stop", "-t", str(grace_s), cid], timeout_s=grace_s + 60)
+
+    def kill(self, services: Sequence[str]) -> None:
+        """`docker kill -s KILL` the services' containers at once: no signal to handle."""
+        ids = [self.container_id(service) for service in services]
+        run([self.docker, "kill", "-s", "KILL", *ids], timeout_s=60)
+
+    def finished_at(self, service: str) -> float:
+        """When the service's container exited, as seconds since the epoch."""
+        return epoch(self._state(self.container_id(service))["FinishedAt"])
 
     def wait_trainers(self, services: Sequence[str]) -> list[TrainerResult]:
         """Wait until every trainer exited; return their exit codes, logs and summaries."""
@@ -205,3 +229,21 @@ def timestamp(value: str) -> tuple[str, int]:
     if match is None:
         raise AssertionError(f"unexpected docker timestamp {value!r}")
     return match.group(1), int((match.group(2) or "").ljust(9, "0"))
+
+
+def epoch(value: str) -> float:
+    """Docker's RFC 3339 UTC time as seconds since the epoch (microseconds kept)."""
+    seconds, nanos = timestamp(value)
+    return datetime.fromisoformat(seconds + "+00:00").timestamp() + nanos / 1e9
+
+
+def wait_until(what: str, check: Callable[[], str | None], timeout_s: float) -> None:
+    """Poll ``check`` (None: done, else what is still missing) until done or timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = check()
+        if missing is None:
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} not within {timeout_s:.0f} s: {missing}")
+        time.sleep(1.0)

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from tests.compose import engine
-from tests.conftest import require
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1800)]
 
@@ -42,20 +41,6 @@ VARIANTS = [
         "mdns", engine.DOCKER_DIR / "compose.mdns.yaml", ("node-a", "node-b", "node-c"), None, True
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def tools() -> tuple[str, list[str]]:
-    """A Docker engine, a compose client and a freshly (cache-)built rallypoint image."""
-    docker = engine.docker_cli()
-    require(docker is not None, "docker CLI not installed (scripts/setup-system.sh)")
-    require(engine.engine_answers(docker), "no Docker engine answers (scripts/setup-system.sh)")
-    compose = engine.compose_cli(docker)
-    require(compose is not None, "neither docker-compose nor the compose plugin is installed")
-    assert docker is not None and compose is not None
-    # Always run the script: it is cached, and a stale image would test old code.
-    engine.build_images()
-    return docker, compose
 
 
 @pytest.fixture

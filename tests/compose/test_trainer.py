@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -102,3 +103,37 @@ def test_unusable_env_fails_naming_the_variable(
     assert proc.returncode == 1, (out, err)
     assert message in err
     assert engine.parse_summary(out) is None
+
+
+def test_holding_trainer_logs_its_first_exchange_and_its_stop() -> None:
+    """TRAINER_HOLD_S keeps every node mid-job after the exchange; SIGTERM ends it with 143."""
+    port = free_port()
+    procs = [start(node_env(rank, port, TRAINER_HOLD_S="120")) for rank in (0, 1, 2)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # blocks until the exchange is done
+            assert line.startswith("rallypoint-trainer-training "), line
+            assert json.loads(line.partition(" ")[2])["hold_s"] == 120
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        outputs = [proc.communicate(timeout=60) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert [proc.returncode for proc in procs] == [143, 143, 143], outputs
+    for out, _err in outputs:
+        assert out.startswith(f"rallypoint-trainer-stopped {HOST} by SIGTERM"), out
+        assert engine.parse_summary(out) is None
+
+
+def test_hold_that_is_not_a_number_fails_naming_it() -> None:
+    port = free_port()
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("0.0.0.0", port))
+        procs = [start(node_env(rank, port, TRAINER_HOLD_S="soon")) for rank in (0, 1, 2)]
+        outputs = [proc.communicate(timeout=60) for proc in procs]
+    assert [proc.returncode for proc in procs] == [1, 1, 1], outputs
+    assert all("TRAINER_HOLD_S='soon' is not a number" in err for _out, err in outputs), outputs
