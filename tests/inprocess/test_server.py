@@ -284,3 +284,59 @@ async def test_every_route_of_both_apis_is_in_the_openapi_document(
     documented = {(m, p) for p, ops in OPENAPI["paths"].items() for m in ops if m != "parameters"}
     assert len(served) >= 15
     assert sorted(served - documented) == []
+
+
+async def test_job_routes_answer_as_documented(
+    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
+) -> None:
+    """GET /job, its long-poll, POST /job and its refusals, /status "job": each as documented."""
+    node = await make_node()
+    await aiohttp_client(peer_app(node))
+    local = await aiohttp_client(local_app(node))
+    assert await node.wait_ready(20)
+    resp = await local.get("/job")
+    view = json.loads(await checked(resp, "GET", "/job"))
+    assert view["own"]["state"] == "waiting" and view["first"] is None and view["stop"] is False
+    assert view["carried"] is True and view["counts"]["waiting"] == 1
+
+    json_body = {"Content-Type": "application/json"}
+    running = json.dumps({"state": "running", "started": 1000.0})
+    resp = await local.post("/job", data=running, headers=json_body)
+    view = json.loads(await checked(resp, "POST", "/job"))
+    assert view["own"]["state"] == "running" and view["nodes"][0]["rank"] == 0
+
+    # A long-poll for a version after this one returns when the job ends.
+    waiting = asyncio.ensure_future(
+        local.get("/job", params={"after": str(view["version"]), "wait": "20"})
+    )
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    ended = json.dumps({"state": "exited", "started": 1000.0, "code": 3})
+    resp = await local.post("/job", data=ended, headers=json_body)
+    await checked(resp, "POST", "/job")
+    resp = await waiting
+    view = json.loads(await checked(resp, "GET", "/job"))
+    assert view["first"]["what"] == "exited 3" and view["first"]["code"] == 3
+    assert view["stop"] is False  # this node's own failure does not stop this node
+    resp = await local.get("/status")
+    status = json.loads(await checked(resp, "GET", "/status"))
+    assert status["job"]["version"] == view["version"]
+    text = (await checked(await local.get("/metrics"), "GET", "/metrics")).decode()
+    assert 'rallypoint_job_failures_total{cause="exited"} 1.0' in text
+
+    refusals = [
+        (running, {"Content-Type": "text/plain"}, 415),
+        (running, None, 415),
+        ('{"state": "exploded", "started": 1}', json_body, 400),
+        ('{"state": "exited", "started": 1}', json_body, 400),
+        ("{not json", json_body, 400),
+        ("x" * 2000, json_body, 413),
+    ]
+    for data, headers, status_code in refusals:
+        resp = await local.post("/job", data=data, headers=headers)
+        assert resp.status == status_code, data
+        await checked(resp, "POST", "/job")
+    for params in ({"after": "x"}, {"after": "1", "wait": "-1"}, {"verbose": "1"}):
+        resp = await local.get("/job", params=params)
+        assert resp.status == 400
+        await checked(resp, "GET", "/job")

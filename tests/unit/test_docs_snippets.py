@@ -223,5 +223,35 @@ def test_slurm_script_runs_one_task_per_node_and_stops_the_sidecar() -> None:
     (script,) = [b for b in snippets("slurm.md", "sh", "bash") if "#SBATCH" in b]
     assert "--ntasks-per-node=1" in script
     assert "rallypoint serve &" in script
-    assert "rallypoint exec -- torchrun" in script
+    assert "rallypoint run -- torchrun" in script, "the job runs supervised (docs/run.md)"
+    assert "--requeue" in script
     assert re.search(r"trap .*kill", script), "the sidecar must be stopped when training ends"
+
+
+def test_kubernetes_job_runs_supervised_and_maps_run_s_statuses() -> None:
+    """The trainer starts under `rallypoint run`; 75 recreates the pod, anything else fails."""
+    job = _kinds("kubernetes.md")["Job"]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never", "podFailurePolicy requires restartPolicy: Never"
+    (trainer,) = pod["containers"]
+    command = [*trainer.get("command", []), *trainer.get("args", [])]
+    assert command[:2] == ["rallypoint", "run"] and "--" in command
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["action"] == "Ignore"
+    assert rules[0]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    by_code = {
+        (rule["action"], rule["onExitCodes"]["operator"]): rule["onExitCodes"]
+        for rule in rules
+        if "onExitCodes" in rule
+    }
+    assert by_code[("Ignore", "In")]["values"] == [75]
+    assert by_code[("FailJob", "NotIn")]["values"] == [75]
+    assert all(codes["containerName"] == trainer["name"] for codes in by_code.values())
+    # The Ignore on 75 comes before the FailJob on everything else: the first match decides.
+    actions = [rule["action"] for rule in rules if "onExitCodes" in rule]
+    assert actions == ["Ignore", "FailJob"]
+
+
+def test_backendai_guide_launches_the_training_under_run() -> None:
+    bodies = snippets("backendai.md", "sh", "bash")
+    assert any("rallypoint run -- torchrun" in body for body in bodies)

@@ -33,6 +33,8 @@ PURE = [
     "rallypoint.clock",
     "rallypoint.wireclock",
     "rallypoint.wirealive",
+    "rallypoint.jobs",
+    "rallypoint.wirejobs",
     "rallypoint.links",
     "rallypoint.liveness",
     "rallypoint.mesh",
