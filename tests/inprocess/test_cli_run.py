@@ -29,6 +29,12 @@ def run_argv(served: Served, *args: str) -> list[str]:
             "--timeout", "60", "--quiet", *args]  # fmt: skip
 
 
+def start_run(served: Served, *args: str) -> subprocess.Popen[str]:
+    """`rallypoint run ARGS` in the background, its stderr kept."""
+    argv = run_argv(served, *args)
+    return subprocess.Popen(argv, env=child_env(), stderr=subprocess.PIPE, text=True)
+
+
 def job(served: Served) -> dict[str, object]:
     shown = rallypoint("status", "--json", "--local-port", str(served.local_port))
     assert shown.returncode == 0, shown.stderr
@@ -138,7 +144,7 @@ while len(got) < 4:
     time.sleep(0.05)
 with open(out, "a") as f:
     f.write(" ".join(got) + "\\n")
-sys.exit(int(os.environ.get("EXIT", "0")))
+sys.exit(0)
 """
 
 
@@ -153,10 +159,7 @@ def test_signals_are_forwarded_to_the_group_and_nothing_of_it_is_left(
     served: Served, job_script: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        run_argv(served, "--", sys.executable, str(job_script), str(out)),
-        env={**child_env(), "EXIT": "0"}, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = start_run(served, "--", sys.executable, str(job_script), str(out))
     try:
         pid, pgid, worker = (int(x) for x in wait_file(out).split())
         # Its own process group: a terminal's Ctrl-C reaches `run`, which passes it on.
@@ -183,10 +186,7 @@ def test_sigterm_stops_the_job_and_says_it_came_from_outside(
 ) -> None:
     out = tmp_path / "out"
     script = f'echo $$ > {out}; trap "exit 9" TERM; while true; do sleep 0.1; done'
-    proc = subprocess.Popen(
-        run_argv(served, "--", "sh", "-c", script),
-        env=child_env(), stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = start_run(served, "--", "sh", "-c", script)
     try:
         wait_file(out)
         proc.send_signal(signal.SIGTERM)
@@ -201,10 +201,7 @@ def test_sigterm_stops_the_job_and_says_it_came_from_outside(
 def test_a_job_that_ignores_sigterm_dies_with_a_killed_run(served: Served, tmp_path: Path) -> None:
     out = tmp_path / "out"
     script = f"trap '' TERM; echo $$ > {out}; while true; do sleep 0.1; done"
-    proc = subprocess.Popen(
-        run_argv(served, "--", "sh", "-c", script),
-        env=child_env(), stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = start_run(served, "--", "sh", "-c", script)
     try:
         child = int(wait_file(out))
         proc.send_signal(signal.SIGTERM)
@@ -230,10 +227,7 @@ def test_the_job_outlives_its_sidecar_and_is_reported_to_the_next_one(
     served = start("--no-mdns")
     gate = tmp_path / "gate"
     script = f"while [ ! -e {gate} ]; do sleep 0.1; done; exit 5"
-    proc = subprocess.Popen(
-        run_argv(served, "--", "sh", "-c", script),
-        env=child_env(), stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = start_run(served, "--", "sh", "-c", script)
     try:
         wait_running(served.local_port)
         served.proc.send_signal(signal.SIGTERM)
