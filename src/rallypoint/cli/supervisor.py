@@ -60,6 +60,8 @@ class Supervisor:
         self._terminated: int | None = None
         self._terminated_at: float | None = None
         self._ended_at: float | None = None
+        #: Signals that came before the child was started.
+        self._pending: list[int] = []
         self._view: dict[str, object] | None = None
 
     # -- the whole run ------------------------------------------------------------------
@@ -67,6 +69,16 @@ class Supervisor:
     def run(self) -> int:
         """Start the command, supervise it, and return the exit status `run` ends with."""
         self._started = time.time()
+        # Taken before the child starts: a signal sent as soon as it runs is `run`'s to pass
+        # on, not a default action that kills `run` and leaves the job alone.
+        previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
+        try:
+            return self._start_and_supervise()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _start_and_supervise(self) -> int:
         try:
             self._child = subprocess.Popen(
                 self.command, env=self.env, start_new_session=True, preexec_fn=_die_with_parent
@@ -80,14 +92,11 @@ class Supervisor:
                 " check that it is an executable file"
             )
             return 126
-        previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
-        try:
-            threading.Thread(target=self._reap, name="rallypoint-reap", daemon=True).start()
-            threading.Thread(target=self._watch, name="rallypoint-watch", daemon=True).start()
-            return self._supervise()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        for signum in self._pending:
+            self._signal_group(signum)
+        threading.Thread(target=self._reap, name="rallypoint-reap", daemon=True).start()
+        threading.Thread(target=self._watch, name="rallypoint-watch", daemon=True).start()
+        return self._supervise()
 
     def _supervise(self) -> int:
         while True:
@@ -118,6 +127,9 @@ class Supervisor:
             # The others must hear of an outside stop (preempted, evicted, `docker stop`)
             # before their collectives fail on this node's closed connections.
             self._report("terminated", signal=signum, at=self._terminated_at, timeout_s=2.0)
+        if self._child is None:
+            self._pending.append(signum)  # passed on as soon as the child is there
+            return
         self._signal_group(signum)
 
     def _signal_group(self, signum: int) -> bool:
