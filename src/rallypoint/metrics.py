@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
 
-__all__ = ["Family", "Metrics", "Sample", "content_type"]
+__all__ = ["JOB_FAILURE_CAUSES", "Family", "Metrics", "Sample", "content_type"]
+
+#: rallypoint_job_failures_total's causes (jobs.cause), each exposed at 0 from the start:
+#: increase() sees no rise in a series whose first sample is already 1.
+JOB_FAILURE_CAUSES = ("exited", "killed", "terminated", "lost")
 
 
 def content_type() -> str:
@@ -219,9 +224,16 @@ class Metrics:
             "Job failures this node heard of, by cause (exited, killed, terminated, lost)",
             "cause",
         )
+        for cause in JOB_FAILURE_CAUSES:
+            self.job_failures.labels(cause)
         self._request_children: dict[tuple[str, str, int], Sample] = {}
-        #: mDNS rejections by reason, read at scrape time (the sidecar points it at its Mdns).
+        # Read at scrape time; the sidecar points them at its Mdns and its node.
+        #: mDNS rejections by reason.
         self.mdns_rejections: Callable[[], Mapping[str, int]] = dict
+        #: The codes of the reasons this node is not ready for (none when ready).
+        self.not_ready_codes: Callable[[], Iterable[str]] = tuple
+        #: The codes of the slow and lossy links (or nodes) the master names (the master).
+        self.link_warning_codes: Callable[[], Iterable[str]] = tuple
         self._registry: CollectorRegistry | None = None
 
     @property
@@ -233,7 +245,7 @@ class Metrics:
             registry = CollectorRegistry(auto_describe=True)
             # Registration order is exposition order: the same as when built up front.
             registry.register(_families_collector(self._families()))
-            registry.register(_mdns_rejections(self))
+            registry.register(_scraped(self))
             self._registry = registry
         return self._registry
 
@@ -278,20 +290,38 @@ def _families_collector(families: list[Family]) -> Any:
     return Families()
 
 
-def _mdns_rejections(metrics: Metrics) -> Any:
-    """rallypoint_mdns_rejected_total{reason}: counted by mdns/browse.py, exposed at scrape time."""
-    from prometheus_client.core import CounterMetricFamily
+def _scraped(metrics: Metrics) -> Any:
+    """The families counted elsewhere and read at each scrape, by label value."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
 
-    class MdnsRejections(Collector):
+    class Scraped(Collector):
         def collect(self) -> Iterator[Metric]:
-            family = CounterMetricFamily(
+            rejected = CounterMetricFamily(
                 "rallypoint_mdns_rejected",
                 "mDNS announcements dropped, by reason (malformed, session, host, signature)",
                 labels=["reason"],
             )
             for reason, count in sorted(metrics.mdns_rejections().items()):
-                family.add_metric([reason], count)
-            yield family
+                rejected.add_metric([reason], count)
+            yield rejected
+            not_ready = GaugeMetricFamily(
+                "rallypoint_not_ready_reasons",
+                "How many reasons this node is not ready for, by code (deadline_exceeded, "
+                "path_mtu ...: docs/readiness.md); no series while ready",
+                labels=["code"],
+            )
+            for code, count in sorted(Counter(metrics.not_ready_codes()).items()):
+                not_ready.add_metric([code], count)
+            yield not_ready
+            links = GaugeMetricFamily(
+                "rallypoint_link_warnings",
+                "Slow or lossy links and nodes the master names now, by code (slow_link, "
+                "lossy_link); the master only",
+                labels=["code"],
+            )
+            for code, count in sorted(Counter(metrics.link_warning_codes()).items()):
+                links.add_metric([code], count)
+            yield links
 
-    return MdnsRejections()
+    return Scraped()

@@ -152,13 +152,9 @@ def classify(
     if not addresses:
         return done(Verdict.NOT_FOUND, f"{host} resolves to no address")
     listing = ", ".join(addresses)
-    loopback = [address for address in addresses if is_loopback(address)]
-    if loopback:
-        return done(
-            Verdict.LOOPBACK,
-            f"{host} resolves to loopback {loopback[0]} (answers: {listing}); "
-            "map the name to the node's cluster address in /etc/hosts or DNS",
-        )
+    if any(is_loopback(address) for address in addresses):
+        remedy = "map the name to the node's cluster address in /etc/hosts or DNS"
+        return done(Verdict.LOOPBACK, f"{loopback_fact(host, addresses)}; {remedy}")
     if expected:
         wanted = {canonical(address) for address in expected}
         if not any(canonical(address) in wanted for address in addresses):
@@ -168,6 +164,12 @@ def classify(
                 f"({', '.join(expected)}); fix the name's DNS or /etc/hosts entry",
             )
     return done(Verdict.OK, f"{host} resolves to {listing}")
+
+
+def loopback_fact(host: str, addresses: Sequence[str]) -> str:
+    """What a LOOPBACK answer says, without its remedy (for a verdict excused here)."""
+    first = next(address for address in addresses if is_loopback(address))
+    return f"{host} resolves to loopback {first} (answers: {', '.join(addresses)})"
 
 
 def timed_out(host: str, timeout_s: float, *, elapsed_s: float) -> Resolution:

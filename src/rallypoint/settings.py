@@ -35,6 +35,10 @@ class Settings(msgspec.Struct, frozen=True):
     local_port: int = DEFAULT_LOCAL_PORT
     peer_host: str = "0.0.0.0"
     peer_port: int = DEFAULT_PEER_PORT
+    #: A listener of its own that serves GET /metrics and nothing else, for a cluster's
+    #: Prometheus (docs/monitoring.md); None: off, /metrics stays on the local API only.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
 
     # Ports.
     #: Preferred master port (RALLYPOINT_MASTER_PORT); a user-set MASTER_PORT still wins.
@@ -192,6 +196,25 @@ def _check(settings: Settings, given: set[str], labels: Mapping[str, str] | None
             f"--local-port and --peer-port are both {settings.local_port}: "
             "give them different ports"
         )
+    _check_metrics(settings, given, labels)
+
+
+def _check_metrics(settings: Settings, given: set[str], labels: Mapping[str, str] | None) -> None:
+    """ConfigError for a metrics listener that could not work as asked."""
+    port = settings.metrics_port
+    if port is None:
+        if "metrics_host" in given:
+            raise ConfigError(
+                f"{_label(labels, 'metrics_host')} is set but the metrics listener is off: "
+                "set --metrics-port (RALLYPOINT_METRICS_PORT) too"
+            )
+        return
+    for other in ("local_port", "peer_port"):
+        if port == getattr(settings, other):
+            raise ConfigError(
+                f"{_label(labels, 'metrics_port')} {port} is also "
+                f"{_label(labels, other)}: give the metrics listener a port of its own"
+            )
 
 
 def _label(labels: Mapping[str, str] | None, name: str) -> str:

@@ -108,7 +108,10 @@ class Sidecar(AsyncResource):
         # clock is off still joins, and is named for it (docs/readiness.md#clocks).
         offsets = ClockEstimate(self._wall_clock, on_change=self.metrics.clock_offset.set)
         auth = Authenticator(settings.token, clock=offsets.now)
-        if not auth.enabled:
+        spec = self._spec or providers.detect(self.environ, settings.provider)
+        # A lone node exchanges no peer message: nothing to authenticate, nothing to warn of.
+        unsigned = not auth.enabled and (spec.nnodes > 1 or not spec.hosts)
+        if unsigned:
             log.warning(
                 "auth_disabled",
                 extra={
@@ -116,7 +119,6 @@ class Sidecar(AsyncResource):
                     "every node"
                 },
             )
-        spec = self._spec or providers.detect(self.environ, settings.provider)
         addresses = (
             self._addresses if self._addresses is not None else tuple(netinfo.local_addresses())
         )
@@ -144,12 +146,16 @@ class Sidecar(AsyncResource):
             route=self._route,
             offsets=offsets,
         )
-        if not auth.enabled:
+        if unsigned:
             node.static_warnings.append(
                 "peer messages are not authenticated: set RALLYPOINT_TOKEN on every node"
             )
         self._node = await stack.enter_async_context(node)
         node.status_sections["mdns"] = self._mdns_status
+        self.metrics.not_ready_codes = lambda: [reason.code for reason in node.reasons()]
+        self.metrics.link_warning_codes = lambda: (
+            [] if node.book is None else [reason.code for reason in node.book.link_warnings]
+        )
         # Both APIs answer from here on; during discovery the peer API refuses joins (503).
         self.listeners = await stack.enter_async_context(server.Listeners(node, settings))
         if self._mdns is not None:

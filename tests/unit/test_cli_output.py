@@ -82,17 +82,19 @@ def _peer(**fields: object) -> dict[str, object]:
     return {**base, **fields}
 
 
-_LOOPBACK = "n0 resolves to loopback 127.0.1.1; map the name to the node's cluster address"
+_FACT = "n0 resolves to loopback 127.0.1.1 (answers: 127.0.1.1)"
+_LOOPBACK = f"{_FACT}; map the name to the node's cluster address"
 
 
-def test_an_excused_verdict_reads_as_fine_and_keeps_its_remedy_for_explain() -> None:
-    doc = {"ready": True, "peers": [_peer(detail=_LOOPBACK, excused="a single node")]}
+def test_an_excused_verdict_reads_as_fine_and_explains_why_without_a_remedy() -> None:
+    # /status gives an excused verdict's detail without its remedy (rendezvous/status.py).
+    doc = {"ready": True, "peers": [_peer(detail=_FACT, excused="a single node")]}
     plain = cli_status.format_status(doc)
     assert "loopback (fine)" in plain
-    assert "map the name" not in plain
     assert "DETAIL" not in plain  # nothing left to say in it
     explained = cli_status.format_status(doc, explain=True)
-    assert f"{_LOOPBACK}; fine: a single node" in explained
+    assert f"{_FACT}; fine: a single node" in explained
+    assert "map the name" not in explained
 
 
 def test_a_verdict_that_is_a_problem_keeps_its_remedy() -> None:

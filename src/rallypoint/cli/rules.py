@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Sequence
@@ -97,6 +98,25 @@ class PortRange(Rule):
             f"{value!r} is not a port range: use LO-HI with 1 <= LO <= HI <= 65535, "
             "e.g. 20000-29999"
         )
+
+
+class Address(Rule):
+    """An IP address to listen on: 0.0.0.0 (with ::, every address), :: or one address."""
+
+    name = "ADDRESS"
+
+    def __call__(self, value: Any) -> str:
+        text = str(value).strip()
+        try:
+            address = ipaddress.ip_address(text)
+        except ValueError:
+            address = None
+        if address is None or "%" in text:
+            raise Invalid(
+                f"{value!r} is not an IP address to listen on: use 0.0.0.0 (every address), "
+                "or one of this node's addresses, e.g. 10.0.0.5 or fd00::5"
+            )
+        return str(address)
 
 
 class Choice(Rule):

@@ -82,6 +82,10 @@ SETTINGS = (
     *LOCAL,
     Spec("--peer-host", "Peer API address.", default=_S.peer_host, metavar="HOST"),
     Spec("--peer-port", "Peer API port.", rule=_PORT, default=_S.peer_port),
+    Spec("--metrics-port", "Serve GET /metrics, and nothing else, on this port for a "
+         "cluster's Prometheus.", rule=_PORT, show_default="off"),
+    Spec("--metrics-host", "Address of the metrics listener (with --metrics-port).",
+         rule=rules.Address(), show_default=f"{_S.metrics_host} and ::"),
     Spec("--master-port", "Preferred master port (a user-set MASTER_PORT still wins).",
          # model.master_ports
          show_default=f"BACKENDAI_DIST_MASTER_PORT, else {DEFAULT_MASTER_PORT}", rule=_PORT),

@@ -81,8 +81,9 @@ _PEER_COLUMNS = ("rank", "host", "joined", "addresses", "tf_port", "verdict", "r
 def format_status(doc: Mapping[str, Any], *, explain: bool = False, show_all: bool = False) -> str:
     """A readable rendering of a /status document (the --json form carries everything).
 
-    A verdict the sidecar excused (no problem on this node) reads `VERDICT (fine)` and
-    keeps its detail, with the remedy it no longer needs, for ``explain``. Above
+    A verdict the sidecar excused (no problem on this node) reads `VERDICT (fine)`; with
+    ``explain`` its detail (what the lookup found, no remedy: /status leaves it out) and
+    why it is fine. Above
     SUMMARY_ABOVE peers the table lists the peers with problems only, unless ``show_all``.
     """
     spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
@@ -180,7 +181,7 @@ def _by_count(item: tuple[str, int]) -> tuple[int, str]:
 
 
 def _excused(peer: dict[str, Any], explain: bool) -> dict[str, Any]:
-    """A peer row whose excused verdict reads as fine: the remedy only with ``explain``."""
+    """A peer row whose excused verdict reads as fine: what and why only with ``explain``."""
     excused = peer.get("excused")
     if not excused:
         return peer

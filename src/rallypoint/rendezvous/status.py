@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from rallypoint import mesh, wire
+from rallypoint import mesh, names, wire
 from rallypoint.model import ClusterSpec, OverrideSource
 from rallypoint.ports import HeldPort
 from rallypoint.rendezvous.masterbook import MasterBook
@@ -98,8 +98,11 @@ def document(
 
 
 def peer_json(peer: PeerState) -> dict[str, object]:
-    """One peer as /status shows it."""
+    """One peer as /status shows it: an excused verdict's detail says what, not what to do."""
     res = peer.resolution
+    detail = None if res is None else res.detail
+    if res is not None and peer.excused and res.verdict is names.Verdict.LOOPBACK:
+        detail = names.loopback_fact(res.host, res.addresses)
     return {
         "rank": peer.rank,
         "host": peer.host,
@@ -113,7 +116,7 @@ def peer_json(peer: PeerState) -> dict[str, object]:
         "verdict": None if res is None else str(res.verdict),
         "excused": peer.excused,
         "resolved": [] if res is None else list(res.addresses),
-        "detail": None if res is None else res.detail,
+        "detail": detail,
         "attempts": 0 if res is None else res.attempts,
         "resolve_s": None if res is None else round_s(res.elapsed_s),
     }

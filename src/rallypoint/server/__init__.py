@@ -3,8 +3,9 @@
 The local API (loopback only by default) serves this container's env and the node's status
 (local.py). The peer API serves what peers need and nothing else: join, the cluster document,
 a data-less readiness answer and pokes (peer.py). With a token every peer request, and the
-master's join answers and cluster documents, carry an HMAC signature (auth.py). Both share one
-middleware and error shape (common.py); this module binds them (Listeners).
+master's join answers and cluster documents, carry an HMAC signature (auth.py). With
+--metrics-port a third listener serves /metrics alone to a cluster's Prometheus (scrape.py).
+All share one middleware and error shape (common.py); this module binds them (Listeners).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.common import log
 from rallypoint.server.local import local_app
 from rallypoint.server.peer import peer_app
+from rallypoint.server.scrape import metrics_app
 from rallypoint.settings import Settings
 
 KEEPALIVE_S = 5.0
@@ -69,7 +71,8 @@ def peer_keepalive_s(nnodes: int) -> float:
 
 
 class Listeners(AsyncResource):
-    """Both APIs bound with AppRunner + TCPSite; an async context manager, closing twice is safe."""
+    """Every listener bound with AppRunner + TCPSite; an async context manager, closing twice
+    is safe."""
 
     def __init__(self, node: Rendezvous, settings: Settings) -> None:
         self.node = node
@@ -77,36 +80,50 @@ class Listeners(AsyncResource):
         #: (host, port) pairs actually listening, for logs and tests.
         self.local_bound: list[tuple[str, int]] = []
         self.peer_bound: list[tuple[str, int]] = []
+        self.metrics_bound: list[tuple[str, int]] = []
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> None:
-        """Bind the local API on every local host, then the peer API (starts the rendezvous)."""
+        """Bind the local API on every local host, the metrics listener when asked, then the
+        peer API (starts the rendezvous)."""
         settings = self.settings
         # A /env?wait whose client left stops waiting at once (aiohttp leaves it off).
         local = await self._runner(local_app(self.node), handler_cancellation=True)
         for host in settings.local_hosts:
             if await self._bind(local, host, settings.local_port, "local", quiet_v6=True):
                 self.local_bound.append((host, settings.local_port))
+        if settings.metrics_port is not None:
+            scrape = await self._runner(metrics_app(self.node), handler_cancellation=True)
+            self.metrics_bound = await self._wildcard(
+                scrape, settings.metrics_host, settings.metrics_port, "metrics"
+            )
         peer = await self._runner(
             peer_app(self.node),
             handler_cancellation=False,
             keepalive_s=peer_keepalive_s(self.node.spec.nnodes),
         )
-        await self._bind(peer, settings.peer_host, settings.peer_port, "peer", quiet_v6=False)
-        self.peer_bound.append((settings.peer_host, settings.peer_port))
-        # The wildcard means every address, as it does for gRPC: on an IPv6-only or
-        # dual-stack network peers may reach this node over IPv6 only.
-        if settings.peer_host == IPV4_ANY and await self._bind(
-            peer, IPV6_ANY, settings.peer_port, "peer", quiet_v6=True
-        ):
-            self.peer_bound.append((IPV6_ANY, settings.peer_port))
-        log.info(
-            "listening",
-            extra={
-                "local": ",".join(f"{h}:{p}" for h, p in self.local_bound),
-                "peer": ",".join(f"{h}:{p}" for h, p in self.peer_bound),
-            },
-        )
+        self.peer_bound = await self._wildcard(peer, settings.peer_host, settings.peer_port, "peer")
+        extra = {
+            "local": ",".join(f"{h}:{p}" for h, p in self.local_bound),
+            "peer": ",".join(f"{h}:{p}" for h, p in self.peer_bound),
+        }
+        if self.metrics_bound:
+            extra["metrics"] = ",".join(f"{h}:{p}" for h, p in self.metrics_bound)
+        log.info("listening", extra=extra)
+
+    async def _wildcard(
+        self, runner: web.AppRunner, host: str, port: int, api: str
+    ) -> list[tuple[str, int]]:
+        """Bind host:port, and with the IPv4 wildcard also the IPv6 one when the host has it.
+
+        The wildcard means every address, as it does for gRPC: on an IPv6-only or dual-stack
+        network peers (and Prometheus) may reach this node over IPv6 only. The pairs bound.
+        """
+        await self._bind(runner, host, port, api, quiet_v6=False)
+        bound = [(host, port)]
+        if host == IPV4_ANY and await self._bind(runner, IPV6_ANY, port, api, quiet_v6=True):
+            bound.append((IPV6_ANY, port))
+        return bound
 
     async def close(self) -> None:
         """Stop listening and cancel the rendezvous, within shutdown_grace_s."""

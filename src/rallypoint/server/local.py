@@ -9,11 +9,11 @@ from aiohttp import web
 
 from rallypoint import hostfile, render, wirejobs
 from rallypoint.errors import HostfileError, MeshUnavailable
-from rallypoint.metrics import content_type
 from rallypoint.model import Env
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.common import NO_STORE, NODE, api_app, error_response, single_query
+from rallypoint.server.scrape import metrics
 
 #: Requests to the local API carry no body.
 LOCAL_MAX_BYTES = 1024
@@ -34,7 +34,7 @@ def local_app(node: Rendezvous) -> web.Application:
             web.get("/livez", _livez),
             web.get("/status", _status),
             web.get("/mesh", _mesh),
-            web.get("/metrics", _metrics),
+            web.get("/metrics", metrics),
             web.get("/job", _job),
             web.post("/job", _job_report),
         ],
@@ -142,12 +142,6 @@ async def _mesh(request: web.Request) -> web.Response:
     except MeshUnavailable as exc:
         return error_response(exc.status, str(exc), "no_master")
     return web.json_response(view, headers=NO_STORE)
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    headers = dict(NO_STORE)
-    headers["Content-Type"] = content_type()
-    return web.Response(body=request.app[NODE].metrics.render(), headers=headers)
 
 
 async def _job(request: web.Request) -> web.Response:
