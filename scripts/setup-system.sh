@@ -2,13 +2,15 @@
 # Prepare a Debian machine (root) for the container and Slurm tiers: install the
 # Docker engine, Debian's docker-compose 1.29, debootstrap, the network tools (iproute2,
 # iptables, ethtool, faketime for the data-path faults) and
-# Slurm (slurmctld, slurmd, the client commands, munge), then start dockerd in the
-# background unless an engine already answers.
+# Slurm (slurmctld, slurmd, the client commands, munge) and Prometheus (prometheus,
+# promtool), then start dockerd in the background unless an engine already answers.
 # Idempotent: a second run installs nothing and leaves a running engine alone.
 #
 # The Slurm tier (tests/slurm) starts its own munged, with a key and socket of its
 # own, and its own slurmctld and slurmd in network namespaces: it needs the
-# packages only, no munge key, configuration or service here.
+# packages only, no munge key, configuration or service here. The monitoring tier
+# (tests/monitoring) likewise runs its own Prometheus, with its own configuration, storage
+# and port: the packaged prometheus service is stopped and disabled here.
 #
 #   sudo scripts/setup-system.sh
 #
@@ -20,7 +22,7 @@ set -euo pipefail
 
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/rallypoint-dockerd.log}"
 DOCKER_WAIT_S="${DOCKER_WAIT_S:-60}"
-PACKAGES=(docker.io docker-compose debootstrap iproute2 iptables ethtool faketime slurmctld slurmd slurm-client munge)
+PACKAGES=(docker.io docker-compose debootstrap iproute2 iptables ethtool faketime slurmctld slurmd slurm-client munge prometheus)
 
 log() { printf 'setup-system: %s\n' "$*" >&2; }
 
@@ -49,6 +51,16 @@ if [[ ${#missing[@]} -gt 0 && "${SKIP_APT:-0}" != "1" ]]; then
     apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
     log "packages present: ${PACKAGES[*]}"
+fi
+
+# Debian's prometheus package enables and starts its service (port 9090, scraping this
+# machine): nothing here needs it running.
+if dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "install ok installed"; then
+    if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+        systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    elif [[ -x /etc/init.d/prometheus ]]; then
+        /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+    fi
 fi
 
 if docker_cli info >/dev/null 2>&1; then

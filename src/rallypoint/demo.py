@@ -61,6 +61,7 @@ async def run(nodes: int, settings: Settings) -> list[tuple[int, Env, float]]:
                 peer_host=table[host],
                 mdns=False,
                 allow_loopback=True,
+                metrics_port=None,  # N nodes on one host would share one port
             )
             spec = ClusterSpec(
                 provider="demo",

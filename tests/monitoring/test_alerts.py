@@ -1,0 +1,120 @@
+"""Debian's Prometheus scrapes a namespace cluster's metrics listeners with the shipped rules.
+
+The rules are the shipped ones, `for` included: the peer-down alert waits its real 30 s,
+which the bound below adds to the sidecar's own 4 keep-alive intervals, one scrape and one
+evaluation (slack for a loaded machine on top; the waits stop the test, they time nothing
+else).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from tests.monitoring import prom
+from tests.monitoring.conftest import KEEPALIVE_S, METRICS_PORT, TOKEN, MakeMonitored
+from tests.multihost import harness
+
+pytestmark = pytest.mark.monitoring
+
+HOSTS = ("sub1", "main1", "sub2")
+READY_S = 40.0
+#: The peer-down rule's `for`, as shipped.
+PEER_DOWN_FOR_S = 30.0
+#: Named down after 4 silent intervals, heard of within one more.
+NAMED_S = 5 * KEEPALIVE_S
+SLACK_S = 15.0
+
+
+def settle(prometheus: prom.Prometheus, nodes: int) -> None:
+    """Wait until every target was scraped and the rules have seen every node ready."""
+    harness.wait_for(prometheus.targets_up, timeout_s=30.0, what="every target up")
+    harness.wait_for(
+        lambda: len(prometheus.query("rallypoint_ready == 1")) == nodes,
+        timeout_s=30.0, what="every node ready in Prometheus",
+    )  # fmt: skip
+
+
+def scrape(node: harness.Node, path: str, prometheus: prom.Prometheus) -> harness.Reply:
+    """GET path from node's metrics listener, from Prometheus' namespace."""
+    return harness.http_get(prometheus.ns, node.address, METRICS_PORT, path)
+
+
+def test_a_healthy_cluster_fires_nothing_and_warns_of_nothing(
+    make_monitored: MakeMonitored, promtool: str
+) -> None:
+    cluster, prometheus = make_monitored(HOSTS)
+    cluster.start_all()
+    cluster.wait_all_ready(READY_S)
+    settle(prometheus, len(HOSTS))
+    rules = prometheus.rules_loaded()
+    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
+    # A few more evaluations with every series present: no alert, not even pending.
+    time.sleep(5 * prometheus.interval_s)
+    assert prometheus.alerts() == []
+    for node in cluster:
+        assert node.status()["warnings"] == [], node.name
+    # What the metrics listener serves: the exposition (promtool accepts it), nothing else.
+    master = cluster["main1"]
+    body = scrape(master, "/metrics", prometheus)
+    assert body.status == 200 and b"rallypoint_ready 1.0" in body.body
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=body.text, capture_output=True, text=True,
+        timeout=30, check=False,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    env = master.env()
+    assert env is not None
+    for path in ("/env", "/status", "/job", "/readyz", "/metrics/../env", "/v1/ready"):
+        assert scrape(master, path, prometheus).status == 404, path
+    for secret in (TOKEN, f"MASTER_PORT={env['MASTER_PORT']}", env["MASTER_PORT"]):
+        assert secret.encode() not in body.body
+
+
+def test_a_node_killed_after_ready_fires_the_peer_down_alert(
+    make_monitored: MakeMonitored,
+) -> None:
+    cluster, prometheus = make_monitored(HOSTS)
+    cluster.start_all()
+    cluster.wait_all_ready(READY_S)
+    settle(prometheus, len(HOSTS))
+    assert prometheus.alerts() == []
+    killed = time.monotonic()
+    cluster["sub2"].kill_sidecar()
+    bound_s = NAMED_S + 2 * prometheus.interval_s + PEER_DOWN_FOR_S
+    fired: list[dict[str, Any]] = harness.wait_for(
+        lambda: prometheus.firing("RallypointPeerDown"),
+        timeout_s=bound_s + SLACK_S, interval_s=0.25,
+        what="RallypointPeerDown firing", describe=lambda: str(prometheus.alerts()),
+    )  # fmt: skip
+    after_s = time.monotonic() - killed
+    assert after_s >= PEER_DOWN_FOR_S, f"fired {after_s:.1f} s after the kill, before `for`"
+    (alert,) = fired
+    assert alert["labels"]["peer"] == "sub2"
+    assert alert["annotations"]["summary"] == "peer sub2 is down"
+    assert alert["annotations"]["description"].startswith("2 node(s) name sub2 down")
+    names = {a["labels"]["alertname"] for a in prometheus.alerts()}
+    assert names == {"RallypointPeerDown"}, prometheus.alerts()
+
+
+def test_a_shaped_link_fires_the_slow_link_alert(make_monitored: MakeMonitored) -> None:
+    cluster, prometheus = make_monitored(HOSTS)
+    cluster["sub2"].shape(10)
+    cluster.start_all()
+    cluster.wait_all_ready(READY_S)
+    settle(prometheus, len(HOSTS))
+    (alert,) = harness.wait_for(
+        lambda: prometheus.firing("RallypointSlowLink"),
+        timeout_s=5 * prometheus.interval_s + SLACK_S,
+        what="RallypointSlowLink firing", describe=lambda: str(prometheus.alerts()),
+    )  # fmt: skip
+    assert alert["labels"]["instance"] == f"main1:{METRICS_PORT}"  # the master judges links
+    named = [w for w in cluster["main1"].status()["link_warnings"] if w["code"] == "slow_link"]
+    assert named and all(w["host"] == "sub2" for w in named), named
+    assert float(alert["value"]) == len(named)
+    # The shaper's queue drops packets too: a lossy link may come with it, nothing else.
+    names = {a["labels"]["alertname"] for a in prometheus.alerts()}
+    assert names <= {"RallypointSlowLink", "RallypointLossyLink"}, prometheus.alerts()
