@@ -24,7 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,8 @@ class SimResult:
     #: From the simulated start until the real relay's /readyz is 200.
     real_relay_ready_s: float | None = None
     real_relay_cpu_s: float = 0.0
+    #: What ``after`` returned (simulate's argument), measured on the master before teardown.
+    after: Any = field(default=None)
 
     @property
     def complete(self) -> bool:
@@ -110,12 +113,16 @@ def simulate(
     timeout_s: float = 120.0,
     profile: Path | None = None,
     tree: bool = False,
+    master_args: Sequence[str] = (),
+    after: Callable[[harness.Node], Any] | None = None,
 ) -> SimResult:
     """Run one master and ``workers`` simulated workers; the cluster is torn down afterwards.
 
     The simulated workers run as ``procs`` processes on ``sim_cpus``. With ``profile``,
     py-spy samples the master during the simulation and writes collapsed stacks
-    (flamegraph.pl / speedscope input) to that file.
+    (flamegraph.pl / speedscope input) to that file. ``master_args`` are added to the
+    master's (and the real relay's) `rallypoint serve`; ``after(master)`` runs once the
+    simulated workers finished, before teardown, and its value is the result's ``after``.
     """
     nnodes = workers + 1
     # The tree as every node computes it (fanout.py); the second-to-last relay is played by
@@ -152,7 +159,7 @@ def simulate(
         # settings are per namespace; an operator of a cluster this size raises them too.
         master.run(["sysctl", "-qw", "net.core.somaxconn=65535"], check=True)
         master.run(["sysctl", "-qw", "net.ipv4.tcp_max_syn_backlog=65535"], check=True)
-        tree_args = () if tree else ("--relay-group", "0")
+        tree_args = (*(() if tree else ("--relay-group", "0")), *master_args)
         proc = master.start_sidecar(tree_args)
         os.sched_setaffinity(proc.pid, {0})
         harness.wait_for(
@@ -257,6 +264,7 @@ def simulate(
             spy.wait(30)
         cpu1 = common.cpu_seconds(proc.pid)
         mem = common.memory_kib(proc.pid)
+        measured = None if after is None else after(master)
         tcpext = tcp_ext(master)
         result = merge(
             [
@@ -279,6 +287,7 @@ def simulate(
             real_relay=real_relay,
             real_relay_ready_s=None if relay_ready_at is None else relay_ready_at - result["start"],
             real_relay_cpu_s=relay_cpu,
+            after=measured,
         )
 
 
