@@ -104,15 +104,11 @@ class JobWatch:
                 await self._changed.wait_for(lambda: self._delivered > delivered)
 
     async def wait(self, after: int, timeout_s: float) -> None:
-        """Return once the book's version passed ``after``, or after ``timeout_s``."""
-        if self.book.version > after:
-            return
-        try:
-            async with asyncio.timeout(timeout_s):
-                async with self._changed:
-                    await self._changed.wait_for(lambda: self.book.version > after)
-        except TimeoutError:
-            return
+        """Return once the book's version is not ``after`` (a restarted sidecar's is lower),
+        or after ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s), self._changed:
+                await self._changed.wait_for(lambda: self.book.version != after)
 
     # -- what the keep-alives carry ----------------------------------------------------
 
