@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from rallypoint import providers
+from tests.conftest import require
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "docs" / "deploy"
@@ -255,3 +257,26 @@ def test_kubernetes_job_runs_supervised_and_maps_run_s_statuses() -> None:
 def test_backendai_guide_launches_the_training_under_run() -> None:
     bodies = snippets("backendai.md", "sh", "bash")
     assert any("rallypoint run -- torchrun" in body for body in bodies)
+
+
+#: The oldest Kubernetes the guide's manifests are for (podFailurePolicy is GA from 1.31;
+#: native sidecars, initContainers with restartPolicy: Always, from 1.29) and the newest.
+K8S_VERSIONS = ("1.31", "1.37")
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_kubernetes_manifests_are_valid_for_kubernetes(version: str) -> None:
+    require(
+        importlib.util.find_spec("kubernetes_validate") is not None,
+        "kubernetes-validate is not installed (pip install -e '.[test]')",
+    )
+    import kubernetes_validate
+
+    docs = [d for d in yaml_docs("kubernetes.md") if isinstance(d, dict) and "kind" in d]
+    builtin = [d for d in docs if "." not in d.get("apiVersion", "").split("/")[0]]
+    assert {d["kind"] for d in builtin} >= {"Job", "Service"}
+    for doc in builtin:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{doc['kind']} {doc['metadata'].get('name')}: {exc.message}")
