@@ -33,12 +33,13 @@ STOP_SIGNALS = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP)
 
 
 class JobState(msgspec.Struct, frozen=True):
-    """One node's job: its state, since when, and how it ended (times: the master's clock)."""
+    """One node's job: its state, since when (the master's clock), and how it ended."""
 
     rank: int
     host: str
     state: str
-    #: When the job started (0.0 while waiting): tells one run of the job from the next.
+    #: When the job started, by its node's own clock (0.0 while waiting): names the run, so
+    #: that one run of the job is told from the next.
     started: float = 0.0
     #: When it entered this state.
     since: float = 0.0

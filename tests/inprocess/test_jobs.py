@@ -15,6 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rallypoint.metrics import Metrics
+from rallypoint.model import ClusterSpec
+from rallypoint.rendezvous.jobwatch import JobWatch
 from rallypoint.sidecar import Sidecar
 from rallypoint.wirejobs import Report
 from tests.support.cluster import Cluster, all_ready, ready_cluster, until
@@ -185,3 +188,17 @@ async def test_an_unsigned_or_malformed_job_message_is_refused_and_stops_nothing
                 assert resp.status in (400, 401)
         await asyncio.sleep(0.5)
         assert first(c.nodes[0]) is None and first(c.nodes[1]) is None
+
+
+async def test_the_end_of_a_run_counts_whatever_the_clock_offset_did_meanwhile() -> None:
+    # A worker's offset to the master changes with every clock sample; the run's name (its
+    # start) must not, or its end would look like an older run's and be dropped.
+    offset = [0.0]
+    spec = ClusterSpec("explicit", ("node0", "node1"), 1, 2, "sess")
+    watch = JobWatch(
+        spec, Metrics(), boot="b", group_size=0, now=time.time, offset=lambda: offset[0]
+    )
+    await watch.report(Report("running", 1000.0004), settle_s=0)
+    offset[0] = 0.002
+    await watch.report(Report("exited", 1000.0004, 0), settle_s=0)
+    assert watch.book.state(1).state == "exited"

@@ -71,9 +71,11 @@ class JobWatch:
     async def report(self, report: Report, settle_s: float) -> None:
         """Take this node's own report; wait up to ``settle_s`` for it to reach the master."""
         spec = self.spec
-        # `run` stamps the start by this node's clock: put it on the master's.
-        # Rounded as the wire rounds it: every node compares the same run by the same number.
-        started = round(report.started - self._offset(), 3)
+        # The start names the run: kept as `run` stamped it, by this node's own clock, and
+        # rounded as the wire rounds it. Corrected by the offset, it would change with each
+        # new clock sample, and the same run's end could look like an older run's and be
+        # dropped. Every other stamp is on the master's clock.
+        started = round(report.started, 3)
         job = JobState(
             spec.rank,
             spec.host,
