@@ -4,9 +4,11 @@
         --faults kill_worker,pause_master --nodes 5 --out results.json --keep DIR
 
 Every node's local API is polled for the whole run (`Watcher`); the invariants over that
-history are history.py's. The seed is printed first and picks every fault, target and
-hold, so a run can be replayed. Exit code 1 when any invariant was violated, 2 when the
-cluster cannot be built here.
+history are history.py's. Every ``--supervised-every``-th round is a supervised-job round
+instead: `rallypoint run -- steps.py` on every node, a job fault (supervised.py's kinds),
+and supervised.py's checks over what every `run` printed. The seed is printed first and
+picks every fault, target and hold, so a run can be replayed. Exit code 1 when any
+invariant was violated, 2 when the cluster cannot be built here.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import argparse
 import contextlib
 import http.client
 import json
+import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from rallypoint import fanout
-from tests.multihost import clients, harness, history
+from tests.multihost import clients, harness, history, supervised
 from tests.multihost.history import DOWN, PAUSED, STARTING, UP, Sample, Usage, Violation
-from tests.support import allreduce, netns
+from tests.multihost.supervised import JOB_KINDS, JobFault, JobVerdict, RunLog
+from tests.support import allreduce, netns, steps
 
 #: The --long-poll of harness.FAST_ARGS.
 LONG_POLL_S = 5.0
@@ -42,13 +47,32 @@ POLL_S = 0.25
 POLL_TIMEOUT_S = 5.0
 JOB_TIMEOUT_S = 150.0
 INVARIANTS = ("agreement", "monotonic", "convergence", "liveness", "job", "crash", "resources",
-              "api")  # fmt: skip
+              "api", "stop", "false_stop", "done")  # fmt: skip
 #: Faults after which a node is dead, paused or cut off: the others must name it down.
 FAULTS = (
     "kill_worker", "kill_master", "kill_master_mid", "kill_worker_mid", "pause_master",
     "pause_worker", "readdress_worker", "isolate_one", "halves", "oneway_loss",
     "drop_join_answers", "name_vanish", "kill_all", "kill_relay",
 )  # fmt: skip
+STEPS = Path(steps.__file__)
+#: Every rank of a supervised job past its first steps by then: five torch imports and
+#: gloo's set-up on two shared cores.
+JOB_START_S = 150.0
+#: `rallypoint run --grace` in supervised rounds (steps.py ends at once on SIGTERM).
+JOB_GRACE_S = 5.0
+#: The compute phase of a job whose failure (or stop from outside) must stop the others:
+#: longer than the bound, so the others sleep, and do not find the closed connections first.
+STOP_COMPUTE_S = supervised.STOP_BOUND_S + 1.0
+#: The compute phase of every other supervised job.
+SHORT_COMPUTE_S = 0.5
+#: Steps of a job_sidecar_restart job (the restart comes after its second).
+RESTART_STEPS = 24
+#: Added to a lost node's bound (liveness, then `run`'s stop) for a loaded machine.
+LOST_SLACK_S = 3.0
+#: Keep-alive intervals for every sidecar to know every job that ended 0 as done.
+DONE_INTERVALS = 4
+#: How long a `run` may take to end after its stop's bound, before it counts as not ended.
+END_SLACK_S = 30.0
 
 
 def host_names(count: int) -> list[str]:
@@ -69,6 +93,8 @@ class Options:
     convergence_s: float = 30.0
     liveness_check: bool = True
     cycle: bool = False
+    supervised_every: int = 4
+    jobs: tuple[str, ...] = JOB_KINDS
     out: Path | None = None
     keep: Path | None = None
 
@@ -160,9 +186,17 @@ class Campaign:
         self.jobs_run = 0
         self.jobs_completed = 0
         self.rounds_done = 0
+        self.fault_rounds = 0
+        self.job_rounds: Counter[str] = Counter()
+        self.false_stops = 0
+        self.cascaded = 0
+        self.stop_latency: dict[str, list[float]] = {}
         interval = options.keepalive_s or 3.0
+        self.interval_s = interval
         self.down_after_s = 4 * interval
         self.liveness_bound_s = self.down_after_s + 2 * interval + 3.0
+        #: A lost node: named lost after 4 intervals, heard of within one more, 1 s to stop.
+        self.lost_bound_s = 5 * interval + 1.0 + LOST_SLACK_S
 
     # sidecar states -----------------------------------------------------------------------
 
@@ -478,12 +512,20 @@ class Campaign:
     # rounds --------------------------------------------------------------------------------
 
     def pick(self, number: int) -> str:
-        faults = self.options.faults
-        return faults[(number - 1) % len(faults)] if self.options.cycle else self.rng.choice(faults)
+        """The next fault (the ``number``-th round's), or job fault in a supervised round."""
+        every = self.options.supervised_every
+        kinds, done = self.options.faults, self.fault_rounds
+        if every and number % every == 0:
+            kinds, done = self.options.jobs, sum(self.job_rounds.values())
+        return kinds[done % len(kinds)] if self.options.cycle else self.rng.choice(kinds)
 
     def round(self, number: int) -> None:
-        before = len(self.violations)
         kind = self.pick(number)
+        if kind in JOB_KINDS:
+            self.job_round(number, kind)
+            return
+        self.fault_rounds += 1
+        before = len(self.violations)
         if self.wait_converged(time.monotonic(), self.options.convergence_s) is None:
             self.violate("convergence", "-", f"round {number}: not converged before the fault")
         fault_t = time.monotonic()
@@ -525,6 +567,229 @@ class Campaign:
             for violation in fresh:
                 self.say(f"  {violation}")
             self.say(f"  round {number} failed: logs and history kept in {self.workdir}")
+
+    # supervised-job rounds -------------------------------------------------------------------
+
+    def job_round(self, number: int, kind: str) -> None:
+        """`rallypoint run -- steps.py` on every node, a job fault, every `run` to its end, the
+        checks; then a fresh session (every sidecar restarted: they keep a failure for life)
+        after a fault that stopped the job."""
+        before = len(self.violations)
+        self.job_rounds[kind] += 1
+        if self.wait_converged(time.monotonic(), self.options.convergence_s) is None:
+            self.violate("convergence", "-", f"round {number}: not converged before the job")
+        ranks = self.ranks()
+        rng = self.rng
+        target = None if kind == "job_healthy" else rng.choice(self.hosts)
+        fault = JobFault(kind, target, None if target is None else ranks[target])
+        compute = STOP_COMPUTE_S if kind in ("job_fail", "job_outside") else SHORT_COMPUTE_S
+        job = ["--mib", "4", "--timeout", "300", "--compute-s", f"{compute:g}"]
+        if kind == "job_fail":
+            code = rng.randint(1, 125)
+            code = 76 if code == supervised.LOST_EXIT_CODE else code
+            job += ["--fail-rank", str(fault.rank), "--fail-step", str(rng.randint(0, 1)),
+                    "--fail-code", str(code)]  # fmt: skip
+            fault = JobFault(kind, target, fault.rank, code=code)
+        elif kind == "job_healthy":
+            job += ["--steps", str(rng.randint(6, 12))]
+        elif kind == "job_sidecar_restart":
+            # Running well past the liveness bound after the restart (about 0.65 s a step): a
+            # node wrongly named lost would have stopped the others by the end.
+            job += ["--steps", str(RESTART_STEPS)]
+        gap = rng.uniform(0.5, 2.0)
+        argv = [sys.executable, "-m", "rallypoint", "run", "--quiet", "--timeout", "60",
+                "--grace", f"{JOB_GRACE_S:g}", "--", sys.executable, str(STEPS), *job]  # fmt: skip
+        runs = {name: self.node(name).spawn(argv, label="run") for name in self.hosts}
+        fault_t = time.monotonic()
+        verdict = JobVerdict()
+        # Past the first step (two with a short compute phase): gloo's mesh is up everywhere.
+        started = self.wait_steps(runs, 0 if compute == STOP_COMPUTE_S else 1)
+        if not started:
+            self.not_started(number, kind, runs)
+        elif kind == "job_lost":
+            assert target is not None
+            fault_t = time.monotonic()
+            fault = JobFault(kind, target, fault.rank, at=time.time(), bound_s=self.lost_bound_s)
+            self.vanish(target)
+        elif kind == "job_outside":
+            assert target is not None
+            self.wait_new_step(runs[target])
+            fault_t = time.monotonic()
+            fault = JobFault(kind, target, fault.rank, at=time.time())
+            runs[target].signal(signal.SIGTERM)
+        elif kind == "job_sidecar_restart":
+            assert target is not None
+            fault_t = time.monotonic()
+            self.kill(target)
+            time.sleep(gap)
+            self.start(target)
+        if started:
+            limit = JOB_TIMEOUT_S if kind not in supervised.STOPPING else fault.bound_s
+            logs = self.wait_runs(runs, limit + END_SLACK_S)
+            verdict = supervised.check(fault, logs, time.monotonic())
+            self.violations.extend(verdict.violations)
+            self.false_stops += verdict.false_stops
+            self.cascaded += len(verdict.cascaded)
+            if verdict.latencies:
+                self.stop_latency.setdefault(kind, []).extend(verdict.latencies.values())
+            if kind not in supervised.STOPPING and all(log.status == 0 for log in logs.values()):
+                self.check_done(number, kind)
+        else:
+            logs = {name: self.run_log(name, proc) for name, proc in runs.items()}
+        for proc in runs.values():
+            proc.kill()
+        if kind == "job_lost" and started and self.options.liveness_check:
+            assert target is not None
+            expect = self.named_by_others(target)
+            self.hold(Injection([target], expect, 0.0), fault_t)  # until every node named it
+            found = history.detection(self.since(fault_t), expect, fault_t,
+                                      self.liveness_bound_s)  # fmt: skip
+            self.violations.extend(found.violations)
+            self.detections.extend(found.delays.values())
+        heal_t = time.monotonic()
+        if target is not None and kind == "job_lost":
+            self.node(target).link_up()
+        if kind in supervised.STOPPING or any(log.status != 0 for log in logs.values()):
+            self.new_session()  # a failure is kept: the next job would be stopped at once
+        took = self.wait_converged(heal_t, self.options.convergence_s)
+        if took is None:
+            bound = self.options.convergence_s
+            self.violate("convergence", "-", f"round {number} ({kind}): not every node ready "
+                         f"on one generation {bound:g} s after the job")  # fmt: skip
+        else:
+            self.convergence.setdefault(kind, []).append(took)
+            if self.options.liveness_check:
+                self.check_cleared(number, heal_t)
+        self.check_history()
+        self.check_processes(number)
+        self.rounds_done = number
+        fresh = self.violations[before:]
+        statuses = {name: log.status for name, log in logs.items()}
+        shown = "-" if took is None else f"{took:.2f}s"
+        took_stop = [f"{v:.2f}" for v in sorted(verdict.latencies.values())]
+        self.say(f"round {number:>4} {kind:<18} hit={target or '-':<16} "
+                 f"converged={shown:<7} violations={len(self.violations)} "
+                 f"exits={','.join(str(statuses[n]) for n in self.hosts)} "
+                 f"stopped_after={'/'.join(took_stop) or '-'}")  # fmt: skip
+        self.rounds_file.write(json.dumps({
+            "round": number, "fault": kind, "hit": [target] if target else [],
+            "fault_t": fault_t, "heal_t": heal_t, "converged_s": took,
+            "code": fault.code, "exits": statuses, "cascaded": verdict.cascaded,
+            "stop_latency_s": verdict.latencies,
+            "run_logs": {name: str(proc.log_path) for name, proc in runs.items()},
+            "violations": [str(v) for v in fresh],
+        }) + "\n")  # fmt: skip
+        self.rounds_file.flush()
+        if fresh:
+            for violation in fresh:
+                self.say(f"  {violation}")
+            self.say(f"  round {number} failed: logs and history kept in {self.workdir}")
+
+    def check_done(self, number: int, kind: str) -> None:
+        """Every sidecar knows every node's job as done within DONE_INTERVALS intervals."""
+        deadline = time.monotonic() + DONE_INTERVALS * self.interval_s
+        while True:
+            views = {name: self.job_view(name) for name in self.hosts}
+            missing = supervised.not_done(views)
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                bound = DONE_INTERVALS * self.interval_s
+                self.violate("done", "-", f"round {number} ({kind}): every job ended 0, yet "
+                             f"{bound:g} s later " + "; ".join(missing))  # fmt: skip
+                return
+            time.sleep(POLL_S)
+
+    def job_view(self, name: str) -> dict[str, Any] | None:
+        node = self.node(name)
+        try:
+            reply = harness.http_get(node.ns, "127.0.0.1", harness.LOCAL_PORT, "/job",
+                                     timeout_s=POLL_TIMEOUT_S)  # fmt: skip
+            view = reply.json()
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
+        return view if reply.status == 200 and isinstance(view, dict) else None
+
+    def not_started(self, number: int, kind: str, runs: dict[str, harness.Proc]) -> None:
+        """The job never got past its first steps: stopped already (by a failure this
+        session kept from before: a false stop), or it failed or hung by itself."""
+        early = [self.run_log(name, proc) for name, proc in runs.items()]
+        stopped = [log for log in early if log.stopped]
+        for log in stopped:
+            self.false_stops += 1
+            why = log.first.line if log.first is not None else "its job got SIGTERM"
+            self.violate("false_stop", log.node, f"round {number} ({kind}): stopped before "
+                         f"the fault, at its first steps: {why}")  # fmt: skip
+        if not stopped:
+            self.violate("job", "-", f"round {number} ({kind}): not every rank past its first "
+                         f"steps (within {JOB_START_S:g} s): {self.run_tails(runs)}")  # fmt: skip
+
+    def ranks(self) -> dict[str, int]:
+        """Every node's served RANK (its place in the served order when it serves none)."""
+        latest = self.latest()
+        out = {}
+        for name in self.hosts:
+            env = latest[name].env if name in latest else None
+            raw = (env or {}).get("RANK", "")
+            out[name] = int(raw) if raw.isdigit() else self.ranked.index(name)
+        return out
+
+    def run_log(self, name: str, proc: harness.Proc) -> RunLog:
+        return supervised.parse_run(name, proc.returncode, proc.log())
+
+    def run_tails(self, runs: dict[str, harness.Proc]) -> str:
+        return " | ".join(f"{name} (rc {p.returncode}): {p.log()[-400:].strip()}"
+                          for name, p in runs.items())  # fmt: skip
+
+    def wait_steps(self, runs: dict[str, harness.Proc], step: int) -> bool:
+        """Whether every rank printed its ``step``-th STEP line within JOB_START_S."""
+        deadline = time.monotonic() + JOB_START_S
+        while time.monotonic() < deadline:
+            logs = [self.run_log(name, proc) for name, proc in runs.items()]
+            if supervised.ranks_past(logs, step):
+                return True
+            if any(log.status is not None and not log.steps for log in logs):
+                return False  # a run that ended before its first step: nothing will come
+            time.sleep(0.2)
+        return False
+
+    def wait_new_step(self, proc: harness.Proc) -> None:
+        """Until the job prints its next STEP line: every rank then begins its compute phase."""
+        seen = len(self.run_log("-", proc).steps)
+        deadline = time.monotonic() + STOP_COMPUTE_S + 30.0
+        while time.monotonic() < deadline and len(self.run_log("-", proc).steps) <= seen:
+            time.sleep(0.02)
+
+    def wait_runs(self, runs: dict[str, harness.Proc], timeout_s: float) -> dict[str, RunLog]:
+        """Every `run`'s log once it ended, or at ``timeout_s`` (then status None)."""
+        deadline = time.monotonic() + timeout_s
+        for proc in runs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+        return {name: self.run_log(name, proc) for name, proc in runs.items()}
+
+    def vanish(self, name: str) -> None:
+        """The node vanishes mid-job: its link down first (no FIN, no RST), then every process
+        of its namespace (sidecar, `run`, the job) SIGKILLed."""
+        node = self.node(name)
+        self._set_state(name, DOWN)
+        if node.sidecar is not None:
+            self.killed.add(id(node.sidecar))
+        node.link_down()
+        pids = subprocess.run(["ip", "netns", "pids", node.ns], capture_output=True, text=True,
+                              check=True).stdout.split()  # fmt: skip
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        if node.sidecar is not None:
+            node.sidecar.kill()  # reaped
+
+    def new_session(self) -> None:
+        """Every sidecar killed, then every one started: no node keeps the failure."""
+        for name in self.hosts:
+            self.kill(name)
+        for name in self.hosts:
+            self.start(name)
 
     def check_cleared(self, number: int, heal_t: float) -> None:
         deadline = heal_t + self.options.convergence_s
@@ -592,6 +857,13 @@ class Campaign:
             "liveness_detection_s": spread(self.detections),
             "liveness_checked": self.options.liveness_check,
             "jobs": {"run": self.jobs_run, "completed": self.jobs_completed},
+            "supervised": {
+                "rounds": dict(self.job_rounds),
+                "false_stops": self.false_stops,
+                "cascaded": self.cascaded,
+                "stop_latency_s": {k: spread(v) for k, v in sorted(self.stop_latency.items())},
+                "bounds_s": {"failure": supervised.STOP_BOUND_S, "lost": self.lost_bound_s},
+            },
             "resources": {
                 key: {"first": vars(series[0]), "last": vars(series[-1])}
                 for key, series in self.usage.items()
@@ -631,6 +903,13 @@ def render(summary: dict[str, Any]) -> Iterator[str]:
     yield f"liveness detection: n={live['n']} p50={live['p50']}s p99={live['p99']}s{checked}"
     jobs = summary["jobs"]
     yield f"jobs: {jobs['completed']}/{jobs['run']} completed"
+    job_rounds = summary["supervised"]
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(job_rounds["rounds"].items())) or "none"
+    yield (f"supervised rounds: {kinds}; false stops: {job_rounds['false_stops']}; "
+           f"jobs failing on a peer before their stop: {job_rounds['cascaded']}")  # fmt: skip
+    for kind, spread in job_rounds["stop_latency_s"].items():
+        yield (f"stop latency {kind}: n={spread['n']} p50={spread['p50']}s "
+               f"p99={spread['p99']}s max={spread['max']}s")  # fmt: skip
     for key, usage in summary["resources"].items():
         first, last = usage["first"], usage["last"]
         yield (f"resources {key}: fds {first['fds']} -> {last['fds']}, "
@@ -646,6 +925,11 @@ def execute(options: Options, out: Callable[[str], None] = print) -> dict[str, A
     campaign = Campaign(options, workdir, out)
     out(f"seed {campaign.seed}")
     out(f"nodes {','.join(campaign.hosts)}; faults {','.join(options.faults)}; workdir {workdir}")
+    if options.supervised_every:
+        out(
+            f"supervised-job rounds: every round divisible by {options.supervised_every}; "
+            f"jobs {','.join(options.jobs)}"
+        )
     try:
         campaign.run()
     finally:
@@ -669,7 +953,12 @@ def parse(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--faults", default=",".join(Options.faults),
                         help=f"comma list out of {','.join(FAULTS)}")  # fmt: skip
     parser.add_argument("--cycle", action="store_true",
-                        help="take the faults in the given order instead of at random")  # fmt: skip
+                        help="take the faults (and job kinds) in the given order instead of "
+                             "at random")  # fmt: skip
+    parser.add_argument("--supervised-every", type=int, default=Options.supervised_every,
+                        help="every Nth round is a supervised-job round (0: none)")  # fmt: skip
+    parser.add_argument("--jobs", default=",".join(JOB_KINDS),
+                        help=f"job faults of those rounds: {','.join(JOB_KINDS)}")  # fmt: skip
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--relay-group", type=int, default=0, help="the sidecars' --relay-group")
     parser.add_argument("--keepalive", type=float, default=1.5,
@@ -689,11 +978,17 @@ def parse(argv: Sequence[str] | None = None) -> Options:
         parser.error("kill_relay needs --relay-group 2 or more")
     if args.nodes < 3:
         parser.error("--nodes must be at least 3")
+    jobs = tuple(j for j in args.jobs.split(",") if j)
+    unknown = [j for j in jobs if j not in JOB_KINDS]
+    if unknown or not jobs:
+        parser.error(f"unknown jobs {unknown}; choose from {','.join(JOB_KINDS)}")
+    if args.supervised_every < 0:
+        parser.error("--supervised-every must be 0 or more")
     return Options(
         rounds=args.rounds, seed=args.seed, faults=faults, nodes=args.nodes,
         relay_group=args.relay_group, keepalive_s=args.keepalive, job_every=args.job_every,
         convergence_s=args.convergence, liveness_check=args.liveness_check, cycle=args.cycle,
-        out=args.out, keep=args.keep,
+        supervised_every=args.supervised_every, jobs=jobs, out=args.out, keep=args.keep,
     )  # fmt: skip
 
 

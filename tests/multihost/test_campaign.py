@@ -1,6 +1,7 @@
-"""Short runs of the fault campaign (campaign.py): every fault kind once, invariants at 0.
+"""Short runs of the fault campaign (campaign.py): every fault kind and every supervised-job
+kind once, invariants at 0.
 
-The long run (200 rounds and more, figures in docs/reliability.md) is the same code:
+The long runs (figures in docs/reliability.md) are the same code:
 ``python -m tests.multihost.campaign --rounds 200``.
 """
 
@@ -10,9 +11,15 @@ from pathlib import Path
 
 from tests.conftest import require
 from tests.multihost import campaign
+from tests.multihost.supervised import JOB_KINDS, STOPPING
 
-#: One of each fault but the relay's, in the order given (--cycle), with a job every third.
-EVERY_FAULT = tuple(f for f in campaign.FAULTS if f != "kill_relay")
+#: One of each fault but the two the relay test runs, in the order given (--cycle).
+EVERY_FAULT = tuple(f for f in campaign.FAULTS if f not in ("kill_relay", "kill_worker"))
+#: Every supervised-job kind, one every third round: real torch jobs under `rallypoint run`
+#: on the served env, so the plain torch jobs (the relay test runs one) are left out here.
+EVERY_JOB = JOB_KINDS
+SUPERVISED_EVERY = 3
+ROUNDS = len(EVERY_FAULT) + len(EVERY_JOB)
 
 
 def run(netns_session: str | None, options: campaign.Options) -> dict[str, object]:
@@ -26,18 +33,32 @@ def run(netns_session: str | None, options: campaign.Options) -> dict[str, objec
     return summary
 
 
-def test_every_fault_once_on_five_nodes_keeps_every_invariant(
+def test_every_fault_and_job_kind_on_five_nodes_keeps_every_invariant(
     tmp_path: Path, netns_session: str | None
 ) -> None:
+    assert len(EVERY_JOB) == ROUNDS // SUPERVISED_EVERY
     options = campaign.Options(
-        rounds=len(EVERY_FAULT), seed=22, faults=EVERY_FAULT, cycle=True, keep=tmp_path / "run"
+        rounds=ROUNDS,
+        seed=22,
+        faults=EVERY_FAULT,
+        cycle=True,
+        job_every=0,
+        supervised_every=SUPERVISED_EVERY,
+        jobs=EVERY_JOB,
+        keep=tmp_path / "run",
     )
     summary = run(netns_session, options)
-    assert summary["rounds"] == len(EVERY_FAULT)
+    assert summary["rounds"] == ROUNDS
     assert summary["faults"] == dict.fromkeys(EVERY_FAULT, 1)
-    assert summary["jobs"] == {"run": 4, "completed": 4}
     detected = summary["liveness_detection_s"]
     assert isinstance(detected, dict) and detected["n"] > 0  # liveness was really checked
+    jobs = summary["supervised"]
+    assert isinstance(jobs, dict)
+    assert jobs["rounds"] == dict.fromkeys(EVERY_JOB, 1)
+    assert jobs["false_stops"] == 0
+    # Every stopped node's stop was timed, in each kind that stops (the 4 others each).
+    stops = jobs["stop_latency_s"]
+    assert {kind: stops[kind]["n"] for kind in stops} == dict.fromkeys(STOPPING, 4)
 
 
 def test_a_killed_relay_is_named_and_its_group_recovers(

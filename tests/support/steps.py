@@ -86,7 +86,9 @@ def main() -> int:
     if rank == args.linger_rank:
         time.sleep(args.linger_s)  # a checkpoint written after the last collective
     say("DONE", rank=rank, steps=args.steps)
-    return 0
+    # Out at once: torch's teardown of a process group that was not destroyed can abort at
+    # exit ("terminate called without an active exception"), and the job is done.
+    os._exit(0)
 
 
 if __name__ == "__main__":
