@@ -135,6 +135,9 @@ class JobBook:
         self.hosts = tuple(hosts)
         self._states: dict[int, JobState] = {}
         self._failures: dict[int, JobState] = {}
+        #: Nodes per state, kept as states change: counts() is read at every change.
+        self._counts = dict.fromkeys(STATES, 0)
+        self._counts["waiting"] = len(self.hosts)
         self.first: JobState | None = None
         #: Goes up by one with every change: readers wait for a version after theirs.
         self.version = 0
@@ -151,6 +154,8 @@ class JobBook:
         known = self._states.get(job.rank)
         if known is None or job.key > known.key:
             self._states[job.rank] = job
+            self._counts["waiting" if known is None else known.state] -= 1
+            self._counts[job.state] += 1
             changed = True
         if job.failed and job.rank not in self._failures:
             self._failures[job.rank] = job
@@ -161,12 +166,9 @@ class JobBook:
             self.version += 1
         return changed
 
-    def note_all(self, jobs: Iterable[JobState]) -> bool:
-        """note() each; whether anything changed."""
-        changed = False
-        for job in jobs:
-            changed = self.note(job) or changed
-        return changed
+    def has_failed(self, rank: int) -> bool:
+        """Whether a failure of ``rank`` is known."""
+        return rank in self._failures
 
     def lose(self, rank: int, at: float, detail: str) -> JobState | None:
         """Name ``rank`` lost if its job was running (or stopping); the lost state, else None."""
@@ -194,11 +196,7 @@ class JobBook:
 
     def counts(self) -> dict[str, int]:
         """How many nodes' jobs are in each state (nodes never heard of count as waiting)."""
-        out = dict.fromkeys(STATES, 0)
-        for job in self._states.values():
-            out[job.state] += 1
-        out["waiting"] += len(self.hosts) - len(self._states)
-        return out
+        return dict(self._counts)
 
     def table(self, limit: int) -> list[JobState]:
         """At most ``limit`` states to show: failures first, then the rest by rank."""

@@ -93,7 +93,7 @@ class JobWatch:
         delivered = self._delivered
         if not await self._take([job]):
             return
-        if spec.is_master or self._pushes_down():
+        if self._pushes_down():
             self.nudge_down()
         if not spec.is_master:
             self.nudge_up()
@@ -135,7 +135,6 @@ class JobWatch:
             # A restarted upstream knows nothing of what we sent before: send it again.
             self._upstream_boot = answer.boot
             self._sent.clear()
-            self._upstream_version = -1
         incoming = [] if answer.first is None else [answer.first]
         if answer.jobs is not None:
             incoming += answer.jobs
@@ -202,9 +201,11 @@ class JobWatch:
         for down in downs:
             cause = down.cause.replace("_", " ")
             detail = f"nothing heard for {down.for_s:.0f} s ({cause}: {down.detail})"
+            failed_before = self.book.has_failed(down.rank)
             lost = self.book.lose(down.rank, now - down.for_s, detail[:300])
             if lost is not None:
-                self._count_failure(lost)
+                if not failed_before:  # counted once per node, as _take counts
+                    self._count_failure(lost)
                 log.warning(
                     "job_lost", extra={"rank": down.rank, "host": down.host, "detail": detail}
                 )
@@ -214,15 +215,14 @@ class JobWatch:
 
     async def _take(self, incoming: list[JobState], *, from_upstream: bool = False) -> bool:
         first = self.book.first
-        failures = {j.rank for j in self.book.failures()}
         changed = False
         for job in incoming:
             if job.rank == self.spec.rank and job.state == "lost" and not from_upstream:
                 continue  # only our upstream may name us lost
+            new_failure = job.failed and not self.book.has_failed(job.rank)
             if self.book.note(job):
                 changed = True
-                if job.failed and job.rank not in failures:
-                    failures.add(job.rank)
+                if new_failure:
                     self._count_failure(job)
         if not changed:
             return False
