@@ -295,33 +295,42 @@ def _scraped(metrics: Metrics) -> Any:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
 
+    def family(
+        kind: type[CounterMetricFamily | GaugeMetricFamily],
+        name: str,
+        description: str,
+        label: str,
+        counts: Mapping[str, int],
+    ) -> Metric:
+        out = kind(name, description, labels=[label])
+        for value, count in sorted(counts.items()):
+            out.add_metric([value], count)
+        return out
+
     class Scraped(Collector):
         def collect(self) -> Iterator[Metric]:
-            rejected = CounterMetricFamily(
+            yield family(
+                CounterMetricFamily,
                 "rallypoint_mdns_rejected",
                 "mDNS announcements dropped, by reason (malformed, session, host, signature)",
-                labels=["reason"],
+                "reason",
+                metrics.mdns_rejections(),
             )
-            for reason, count in sorted(metrics.mdns_rejections().items()):
-                rejected.add_metric([reason], count)
-            yield rejected
-            not_ready = GaugeMetricFamily(
+            yield family(
+                GaugeMetricFamily,
                 "rallypoint_not_ready_reasons",
                 "How many reasons this node is not ready for, by code (deadline_exceeded, "
                 "path_mtu ...: docs/readiness.md); no series while ready",
-                labels=["code"],
+                "code",
+                Counter(metrics.not_ready_codes()),
             )
-            for code, count in sorted(Counter(metrics.not_ready_codes()).items()):
-                not_ready.add_metric([code], count)
-            yield not_ready
-            links = GaugeMetricFamily(
+            yield family(
+                GaugeMetricFamily,
                 "rallypoint_link_warnings",
                 "Slow or lossy links and nodes the master names now, by code (slow_link, "
                 "lossy_link); the master only",
-                labels=["code"],
+                "code",
+                Counter(metrics.link_warning_codes()),
             )
-            for code, count in sorted(Counter(metrics.link_warning_codes()).items()):
-                links.add_metric([code], count)
-            yield links
 
     return Scraped()
