@@ -62,7 +62,6 @@ class Supervisor:
         self._ended_at: float | None = None
         #: Signals that came before the child was started.
         self._pending: list[int] = []
-        self._view: dict[str, object] | None = None
 
     # -- the whole run ------------------------------------------------------------------
 
@@ -232,11 +231,9 @@ class Supervisor:
         report = wirejobs.Report(state, self._started, code, signal, at)
         body = wirejobs.encode_report(report)
         try:
-            view = client.report_job(self.url, body, timeout_s=timeout_s)
+            return client.report_job(self.url, body, timeout_s=timeout_s)
         except RallypointError:
             return None  # the watcher says once that the sidecar is gone
-        self._view = view
-        return view
 
     def _watch(self) -> None:
         """Report the start, then long-poll the sidecar for a stop, for as long as we run."""
