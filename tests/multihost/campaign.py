@@ -540,17 +540,7 @@ class Campaign:
             self.detections.extend(found.delays.values())
         heal_t = time.monotonic()
         self.heal(injection)
-        took = self.wait_converged(heal_t, self.options.convergence_s)
-        if took is None:
-            bound = self.options.convergence_s
-            self.violate("convergence", "-", f"round {number} ({kind}): not every node ready "
-                         f"on one generation {bound:g} s after the heal")  # fmt: skip
-        else:
-            self.convergence.setdefault(kind, []).append(took)
-            if self.options.liveness_check:
-                self.check_cleared(number, heal_t)
-        self.check_history()
-        self.check_processes(number)
+        took = self.settle(number, kind, heal_t, "heal")
         if self.options.job_every and number % self.options.job_every == 0 and took is not None:
             self.run_job(number)
         self.rounds_done = number
@@ -651,17 +641,7 @@ class Campaign:
             self.node(target).link_up()
         if kind in supervised.STOPPING or any(log.status != 0 for log in logs.values()):
             self.new_session()  # a failure is kept: the next job would be stopped at once
-        took = self.wait_converged(heal_t, self.options.convergence_s)
-        if took is None:
-            bound = self.options.convergence_s
-            self.violate("convergence", "-", f"round {number} ({kind}): not every node ready "
-                         f"on one generation {bound:g} s after the job")  # fmt: skip
-        else:
-            self.convergence.setdefault(kind, []).append(took)
-            if self.options.liveness_check:
-                self.check_cleared(number, heal_t)
-        self.check_history()
-        self.check_processes(number)
+        took = self.settle(number, kind, heal_t, "job")
         self.rounds_done = number
         fresh = self.violations[before:]
         statuses = {name: log.status for name, log in logs.items()}
@@ -790,6 +770,22 @@ class Campaign:
             self.kill(name)
         for name in self.hosts:
             self.start(name)
+
+    def settle(self, number: int, kind: str, heal_t: float, after: str) -> float | None:
+        """Every node ready on one generation after the heal (or the job), then the round's
+        checks; how long convergence took, None when it did not."""
+        took = self.wait_converged(heal_t, self.options.convergence_s)
+        if took is None:
+            bound = self.options.convergence_s
+            self.violate("convergence", "-", f"round {number} ({kind}): not every node ready "
+                         f"on one generation {bound:g} s after the {after}")  # fmt: skip
+        else:
+            self.convergence.setdefault(kind, []).append(took)
+            if self.options.liveness_check:
+                self.check_cleared(number, heal_t)
+        self.check_history()
+        self.check_processes(number)
+        return took
 
     def check_cleared(self, number: int, heal_t: float) -> None:
         deadline = heal_t + self.options.convergence_s
