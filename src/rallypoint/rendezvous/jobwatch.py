@@ -17,6 +17,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
+import msgspec
+
 from rallypoint import fanout, jobs, wirealive
 from rallypoint.jobs import JobBook, JobState
 from rallypoint.liveness import Down
@@ -154,17 +156,19 @@ class JobWatch:
         if changed and not upstream and not self.spec.is_master:
             self.nudge_up()  # a relay passes its group's news on at once
 
-    def answer_fields(self, seen: int) -> dict[str, object]:
-        """The job fields of our answer to a keep-alive whose sender holds version ``seen``."""
+    def with_jobs(self, answer: wirealive.AliveAnswer, seen: int) -> wirealive.AliveAnswer:
+        """``answer`` with our job fields, for a keep-alive whose sender holds version ``seen``:
+        the table and counts only when that copy is older."""
         book = self.book
         fresh = seen != book.version
-        return {
-            "boot": self.boot,
-            "first": book.first,
-            "jobs_version": book.version,
-            "jobs": tuple(book.table(wirealive.MAX_JOBS_SHOWN)) if fresh else None,
-            "counts": tuple(book.counts().items()) if fresh else (),
-        }
+        return msgspec.structs.replace(
+            answer,
+            boot=self.boot,
+            first=book.first,
+            jobs_version=book.version,
+            jobs=tuple(book.table(wirealive.MAX_JOBS_SHOWN)) if fresh else None,
+            counts=tuple(book.counts().items()) if fresh else (),
+        )
 
     def push_due(self) -> bool:
         """Whether there is news to push down: a new first failure, or our own job's end."""

@@ -153,13 +153,10 @@ class Keepalive:
                 self.watch.heard(rank, age_s)
         await self.jobs.from_peer(alive, upstream=alive.rank in (0, self.relay))
         view = self.watch.view()
-        return wirealive.AliveAnswer(
-            spec.session,
-            spec.rank,
-            tuple(view[: wirealive.MAX_DOWN]),
-            len(view),
-            **self.jobs.answer_fields(alive.jobs_seen),  # type: ignore[arg-type]
+        down = wirealive.AliveAnswer(
+            spec.session, spec.rank, tuple(view[: wirealive.MAX_DOWN]), len(view)
         )
+        return self.jobs.with_jobs(down, alive.jobs_seen)
 
     def _upstream(self) -> int:
         return 0 if self.relay is None else self.relay
