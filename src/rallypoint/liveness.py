@@ -4,8 +4,11 @@ The I/O is rendezvous/keepalive.py. A node watches only the nodes it exchanges k
 worker its upstream (its relay, and the master while the relay fails it); a relay its group
 and its upstream; the master every rank, its relays' groups through the ages their
 keep-alives pass on. A watched node is *down* once nothing was heard from it for DOWN_AFTER
-intervals. What a node names is its own findings plus its upstream's last answer, so every
-node learns within an interval what the master found.
+intervals; a node's own upstream (its relay, the master) one interval later, UPSTREAM_DOWN_AFTER.
+So when the link between a node and its upstream is cut, the upstream, which can tell everyone
+else, names the node first, and the cut-off node's verdict (which stops its own job) comes
+after the cluster's. What a node names is its own findings plus its upstream's last answer,
+so every node learns within an interval what the master found.
 """
 
 from __future__ import annotations
@@ -19,8 +22,14 @@ import msgspec
 #: interval that is 12 s, and the others hear of it within one more interval: about 15 s,
 #: torch elastic's 5 s x 3.
 DOWN_AFTER = 4
+#: Intervals without a word before a node names its own upstream down: one more, so that a
+#: cut between the two is named by the upstream first (15 s at the default interval).
+UPSTREAM_DOWN_AFTER = DOWN_AFTER + 1
 #: A watched node silent this many intervals is checked actively (its cause is learnt).
 CHECK_AFTER = 2
+#: A watched node silent this many intervals missed an exchange: until it is heard again or
+#: named down, news of a failure may be held up with it (see Watch.unsettled_s).
+MISSED_AFTER = 1.5
 
 #: Why a node is named down: its peer API refused the connection (host up, sidecar gone),
 #: the request timed out (paused, or the path drops packets), no route or no address
@@ -55,19 +64,24 @@ class Watch:
         self.rank = rank
         self.interval_s = interval_s
         self.down_after_s = DOWN_AFTER * interval_s
+        self.upstream_down_after_s = UPSTREAM_DOWN_AFTER * interval_s
         self._clock = clock
         self._heard: dict[int, float] = {}
+        #: The upstream ranks among the watched (named down one interval later).
+        self._upstreams: frozenset[int] = frozenset()
         self._failure: dict[int, tuple[str, str]] = {}
         #: The upstream's last answer: its rank, what it named and when (for_s as of then).
         self._upstream: tuple[int, tuple[Down, ...], float] = (-1, (), 0.0)
         #: Whether watching began (after this node's first ready).
         self.started = False
 
-    def track(self, ranks: Iterable[int]) -> None:
-        """Watch exactly ``ranks`` from now on; a newly watched rank counts as heard now."""
+    def track(self, ranks: Iterable[int], upstream: Iterable[int] = ()) -> None:
+        """Watch exactly ``ranks`` from now on (``upstream`` among them: this node's relay or
+        master); a newly watched rank counts as heard now."""
         self.started = True
         now = self._clock()
         wanted = {r for r in ranks if r != self.rank and 0 <= r < len(self.hosts)}
+        self._upstreams = frozenset(upstream) & wanted
         for rank in list(self._heard):
             if rank not in wanted:
                 del self._heard[rank]
@@ -114,6 +128,29 @@ class Watch:
         now, limit = self._clock(), CHECK_AFTER * self.interval_s
         return [r for r, at in sorted(self._heard.items()) if now - at >= limit]
 
+    def bound_s(self, rank: int) -> float:
+        """Seconds of silence before ``rank`` is named down from here."""
+        return self.upstream_down_after_s if rank in self._upstreams else self.down_after_s
+
+    def next_change_s(self) -> float | None:
+        """Seconds until the next watched rank's silence reaches its bound (None: none left)."""
+        now = self._clock()
+        left = [at + self.bound_s(r) - now for r, at in self._heard.items()]
+        ahead = [s for s in left if s >= 0]
+        return min(ahead) if ahead else None
+
+    def unsettled_s(self) -> float:
+        """Seconds until every watched rank that missed an exchange is named down (0: none).
+
+        A failure elsewhere travels on the keep-alives: while a watched node is silent, news
+        of it (or of a failure it was carrying) may be on its way, and it is settled when the
+        node is heard again or named down. `run` waits this long before it takes its own
+        job's failure for the first one (docs/run.md).
+        """
+        now, missed = self._clock(), MISSED_AFTER * self.interval_s
+        left = [at + self.bound_s(r) - now for r, at in self._heard.items() if now - at >= missed]
+        return max([0.0, *left])
+
     def upstream(self, rank: int, downs: Sequence[Down]) -> None:
         """The answer of our upstream ``rank``: the nodes it names down."""
         self._upstream = (rank, tuple(downs), self._clock())
@@ -123,7 +160,7 @@ class Watch:
         now = self._clock()
         out = []
         for rank, at in sorted(self._heard.items()):
-            if now - at > self.down_after_s:
+            if now - at > self.bound_s(rank):
                 cause, detail = self._failure.get(rank, ("silent", "no keep-alive arrived"))
                 out.append(
                     Down(rank, self.hosts[rank], now - at, cause, detail, self.hosts[self.rank])
@@ -167,6 +204,7 @@ def status(watch: Watch | None, wall: Callable[[], float] = time.time) -> dict[s
         "watching": watch.started,
         "interval_s": watch.interval_s,
         "down_after_s": watch.down_after_s,
+        "upstream_down_after_s": watch.upstream_down_after_s,
         "watched": len(watch.watched),
         "down": [
             {

@@ -18,6 +18,7 @@ import pytest
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous.jobwatch import JobWatch
+from rallypoint.rendezvous.keepalive import Keepalive
 from rallypoint.sidecar import Sidecar
 from rallypoint.wirejobs import Report
 from tests.support.cluster import Cluster, all_ready, ready_cluster, until
@@ -124,6 +125,54 @@ async def test_a_lost_master_is_named_by_every_worker() -> None:
         for sidecar in c.nodes.values():
             seen = first(sidecar)
             assert seen is not None and (seen["host"], seen["state"]) == ("node0", "lost")
+
+
+async def test_a_node_cut_off_is_named_lost_first_and_its_own_failure_waits_for_its_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # node2's keep-alives and the master's to node2 fail both ways (its peer port cut); the
+    # job's own traffic is not the sidecars' business. The master names node2 after 4
+    # intervals, node2 the master after 5: the cluster decides first.
+    settings = {r: {"keepalive_s": 0.5} for r in range(3)}
+    async with ready_cluster(3, token=TOKEN, per_node=settings) as c:
+        await all_running(c)
+        master, cut = c.nodes[0].node.keepalive, c.nodes[2].node.keepalive
+        assert master is not None and cut is not None
+
+        def unreachable(keepalive: Keepalive, *, only: int | None = None) -> None:
+            send = keepalive._send
+
+            async def dropped(rank: int, body: bytes, timeout_s: float, **kw: Any) -> bool:
+                if only is not None and rank != only:
+                    return await send(rank, body, timeout_s, **kw)
+                await asyncio.sleep(timeout_s)
+                keepalive.watch.failed(rank, "timed_out", "cut off")
+                return False
+
+            monkeypatch.setattr(keepalive, "_send", dropped)
+
+        unreachable(master, only=2)
+        unreachable(cut)
+        await until(lambda: job(c.nodes[0])["stop"] and job(c.nodes[1])["stop"])
+        for rank in (0, 1):
+            seen = first(c.nodes[rank])
+            assert seen is not None and (seen["host"], seen["state"]) == ("node2", "lost")
+        # node2 has not named the master yet: it is still waiting for news.
+        view = job(c.nodes[2])
+        assert view["first"] is None and view["stop"] is False, view
+        assert 0 < view["unsettled_s"] <= 2.5, view
+        # Its job fails on the others' closed connections: its own failure, for now.
+        jobs = c.nodes[2].node.jobs
+        assert jobs is not None
+        await jobs.report(Report("exited", 1000.0, code=1), settle_s=0.0)
+        view = job(c.nodes[2])
+        assert view["first"]["host"] == "node2" and view["stop"] is False, view
+        assert view["unsettled_s"] > 0, view
+        # Within the unsettled time the master is named lost, and it is the earlier failure.
+        await until(lambda: job(c.nodes[2])["stop"], timeout_s=view["unsettled_s"] + 2.0)
+        seen = first(c.nodes[2])
+        assert seen is not None and (seen["host"], seen["state"]) == ("node0", "lost")
+        assert job(c.nodes[2])["unsettled_s"] == 0
 
 
 @pytest.mark.parametrize("leaving", [0, 2])

@@ -460,11 +460,36 @@ class Node:
             sh(["ip", "netns", "exec", self.ns, tool, "-w", "5", "-D", *rule], check=check)
         self._offloads_restore(check=check)
 
+    def cut_port(self, port: int = PEER_PORT) -> None:
+        """Drop every TCP packet to or from ``port`` on this node, both ways (the sidecars'
+        peer port by default: the sidecar is cut off, the job's own traffic is not)."""
+        self.uncut_port()
+        rules = [
+            [chain, "-p", "tcp", direction, str(port), "-j", "DROP"]
+            for chain in ("INPUT", "OUTPUT")
+            for direction in ("--dport", "--sport")
+        ]
+        tools = sorted({"ip6tables" if ":" in a else "iptables" for a in self.addresses})
+        self.faults["cut_port"] = (tools, rules)
+        for tool in tools:
+            for rule in rules:
+                self.inside([tool, "-w", "5", "-I", *rule])
+
+    def uncut_port(self, *, check: bool = True) -> None:
+        """Undo `cut_port`; no-op without one."""
+        if "cut_port" not in self.faults:
+            return
+        tools, rules = self.faults.pop("cut_port")
+        for tool in tools:
+            for rule in rules:
+                sh(["ip", "netns", "exec", self.ns, tool, "-w", "5", "-D", *rule], check=check)
+
     def clear_faults(self, *, check: bool = False) -> None:
-        """Undo every fault of clamp_path_mtu, shape and drop_incoming still in force."""
+        """Undo every fault of clamp_path_mtu, shape, drop_incoming and cut_port in force."""
         self.unclamp_path_mtu(check=check)
         self.unshape(check=check)
         self.undrop_incoming(check=check)
+        self.uncut_port(check=check)
 
     # processes -------------------------------------------------------------------------------
 

@@ -151,6 +151,35 @@ def test_a_lost_node_stops_the_others_with_the_requeue_status(
         assert "did not stop within --grace 1s: SIGKILL" in runs[name].log()
 
 
+def test_a_node_whose_sidecar_is_cut_off_stops_with_every_other_on_the_requeue_status(
+    make_cluster: harness.MakeCluster, torch_script: Any
+) -> None:
+    """sub2's peer port is cut both ways; the job's own traffic still flows.
+
+    The master names sub2 lost first (its bound on a member is one interval shorter than
+    sub2's on its upstream), so the others are stopped with 75 before sub2 stops anything.
+    sub2's job then fails on their closed connections, and its `run` waits until its own
+    sidecar names the master lost: the failure it could not hear of came first. Every node
+    exits 75, whatever order the stops took.
+    """
+    cluster = start(make_cluster)
+    runs = supervise(cluster, "--compute-s", "0.2")
+    try:
+        wait_running(cluster, runs, step=2)
+        cluster["sub2"].cut_port(harness.PEER_PORT)
+        codes = ends(runs, HOSTS, LOST_S)
+    finally:
+        for proc in runs.values():
+            proc.kill()
+        cluster["sub2"].clear_faults()
+    assert codes == dict.fromkeys(HOSTS, 75), (codes, cluster.logs())
+    for name in ("main1", "sub1", "sub3"):
+        line = first_failure_line(runs[name])
+        assert "sub2 (rank 2) lost: nothing heard for" in line and line.endswith("exit 75"), line
+    line = first_failure_line(runs["sub2"])
+    assert "main1 (rank 0) lost: nothing heard for" in line and line.endswith("exit 75"), line
+
+
 def test_a_node_stopped_from_outside_stops_the_others_with_the_requeue_status(
     make_cluster: harness.MakeCluster, torch_script: Any
 ) -> None:

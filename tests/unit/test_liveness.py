@@ -76,6 +76,42 @@ def test_the_same_last_word_passed_on_late_keeps_the_silence_and_its_cause() -> 
     assert w.own() == [] and w.silent_s(1) == pytest.approx(0.2)
 
 
+def test_a_nodes_own_upstream_is_named_one_interval_after_its_members() -> None:
+    # Cut between a worker and the master: the master names the worker at 4 intervals, the
+    # worker names the master at 5, so the cluster's verdict comes before the worker's own.
+    master, clock = watch(rank=0)
+    worker = Watch(HOSTS, 2, 1.0, clock=clock)
+    master.track([1, 2, 3])
+    worker.track([0], upstream=[0])
+    assert master.next_change_s() == pytest.approx(4.0)
+    assert worker.next_change_s() == pytest.approx(5.0)
+    clock.now += 4.1
+    master.heard(1)
+    master.heard(3)
+    assert [d.rank for d in master.own()] == [2] and worker.own() == []
+    assert worker.next_change_s() == pytest.approx(0.9)
+    clock.now += 1.0
+    assert [d.rank for d in worker.own()] == [0]
+    assert worker.next_change_s() is None
+    assert status(worker)["upstream_down_after_s"] == 5.0
+
+
+def test_unsettled_until_every_silent_node_is_heard_or_named() -> None:
+    w, clock = watch(rank=2)
+    w.track([0, 3], upstream=[0])
+    clock.now += 1.0
+    assert w.unsettled_s() == 0.0  # nothing missed yet
+    clock.now += 1.0
+    w.heard(3)
+    assert w.unsettled_s() == pytest.approx(3.0)  # the upstream: named at 5 s
+    w.heard(0)
+    assert w.unsettled_s() == 0.0
+    clock.now += 4.5
+    assert w.unsettled_s() == pytest.approx(0.5)  # rank 3, at 4 s past its last word
+    clock.now += 1.0
+    assert w.unsettled_s() == 0.0  # named down: settled
+
+
 def test_the_view_adds_the_upstreams_findings_but_not_against_our_own_evidence() -> None:
     w, clock = watch(rank=3)
     w.track([0])

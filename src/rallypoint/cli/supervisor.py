@@ -33,6 +33,9 @@ POLL_S = 30.0
 REPORT_TIMEOUT_S = 8.0
 #: How long a node whose child failed waits for news of an earlier failure elsewhere.
 SETTLE_S = 0.5
+#: The longest it waits while a node it keeps alive with is silent (the sidecar says how long
+#: until that node is named down: 15 s at the default interval); a bound against bad values.
+UNSETTLED_MAX_S = 120.0
 
 
 class Supervisor:
@@ -170,15 +173,31 @@ class Supervisor:
         return status
 
     def _settled(self, view: dict[str, object]) -> dict[str, object]:
-        """The view a moment later: a failure before ours may still be on its way."""
+        """The view once an earlier failure elsewhere would be known.
+
+        News travels within a moment (SETTLE_S), except while a node this sidecar keeps
+        alive with is silent: then it may be the one that failed first (cut off, it cannot
+        tell), so `run` waits until it is heard again or named lost (``unsettled_s``).
+        """
         version, counts = _number(view.get("version")), view.get("counts")
         alone = not isinstance(counts, dict) or sum(counts.values()) <= 1
         if version is None or alone:
             return view  # no other node to hear from
-        try:
-            return client.job(self.url, int(version), SETTLE_S)
-        except RallypointError:
-            return view
+        unsettled = min(_number(view.get("unsettled_s")) or 0.0, UNSETTLED_MAX_S)
+        deadline = time.monotonic() + max(SETTLE_S, unsettled)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                later = client.job(self.url, int(version), left)
+            except RallypointError:
+                return view
+            if later.get("stop") is True:
+                return later
+            if _number(later.get("version")) == version:
+                return later  # nothing new within the wait
+            view, version = later, _number(later.get("version"))
+            if version is None:
+                return view
+        return view
 
     def _stop(self, view: dict[str, object]) -> int:
         """Another node failed first (or this one is lost): stop the job, exit with the status."""

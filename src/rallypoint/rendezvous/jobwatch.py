@@ -55,6 +55,8 @@ class JobWatch:
         self.nudge_up: Callable[[], None] = lambda: None
         #: Set by the keep-alive loop: push the first failure / our own end down now.
         self.nudge_down: Callable[[], None] = lambda: None
+        #: Set by the keep-alive loop: seconds until every silent watched node is settled.
+        self.unsettled_s: Callable[[], float] = lambda: 0.0
         #: Whether this node's `run` reported (a restarted sidecar keeps alive at once).
         self.reported = asyncio.Event()
         #: A relay's members' states as last sent upstream (resent after an upstream restart).
@@ -272,6 +274,7 @@ class JobWatch:
             "own": jobs.as_json(book.state(spec.rank), now),
             "first": None if first is None else jobs.as_json(first, now),
             "stop": jobs.stops(first, spec.rank),
+            "unsettled_s": round(self.unsettled_s(), 3),
             "counts": self._counts if len(spec.hosts) > wirealive.MAX_JOBS_SHOWN else book.counts(),
             "nodes": [jobs.as_json(j, now) for j in book.table(wirealive.MAX_JOBS_SHOWN)],
         }

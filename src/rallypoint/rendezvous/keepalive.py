@@ -56,8 +56,11 @@ class Keepalive:
         self._interval = watch.interval_s
         self._up = asyncio.Event()
         self._down = asyncio.Event()
+        #: Set after each round of keep-alives: what they found is published now.
+        self._heard_back = asyncio.Event()
         jobs.nudge_up = self._up.set
         jobs.nudge_down = self._down.set
+        jobs.unsettled_s = watch.unsettled_s
 
     async def _started(self) -> bool:
         """Wait for this node's first ready, or its job's report; False when shutting down."""
@@ -75,6 +78,7 @@ class Keepalive:
             return
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._keep())
+            tasks.create_task(self._judge())
             tasks.create_task(self._pushes())
 
     async def _keep(self) -> None:
@@ -82,7 +86,7 @@ class Keepalive:
         if spec.is_master:
             self.watch.track(r for r in range(spec.nnodes) if r != spec.rank)
         else:
-            self.watch.track([self._upstream(), *self.group])
+            self.watch.track([self._upstream(), *self.group], upstream=[self._upstream()])
         log.info(
             "keepalive_started",
             extra={"interval_s": self._interval, "watched": len(self.watch.watched)},
@@ -94,13 +98,26 @@ class Keepalive:
                 await self._check_silent()
             else:
                 await self._beat()
-            await self._publish()
+            self._heard_back.set()
             pause = max(0.05, self._interval - (loop.time() - started))
             # A job change on this node goes up at once, not at the next interval.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
                     await self._up.wait()
             self._up.clear()
+
+    async def _judge(self) -> None:
+        """Publish what the watch finds: after each round of keep-alives, and the moment a
+        silence reaches its bound (a keep-alive that times out does not hold the verdict
+        back, and the upstream's one-interval lead over its members stays one interval)."""
+        while True:
+            await self._publish()
+            due = self.watch.next_change_s()
+            wait = self._interval if due is None else min(self._interval, due + 0.01)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._heard_back.wait()
+            self._heard_back.clear()
 
     async def _pushes(self) -> None:
         """Push the first failure (and our own job's end) down as soon as they are known."""
@@ -177,9 +194,9 @@ class Keepalive:
         if self.relay is not None:
             if await self._send(self.relay, body, self._interval / 2, upstream=True):
                 self.jobs.sent(changed)
-                self.watch.track([self.relay, *self.group])
+                self.watch.track([self.relay, *self.group], upstream=[self.relay])
                 return
-            self.watch.track([self.relay, 0, *self.group])
+            self.watch.track([self.relay, 0, *self.group], upstream=[self.relay, 0])
         if await self._send(0, body, self._interval, upstream=True):
             self.jobs.sent(changed)
 
