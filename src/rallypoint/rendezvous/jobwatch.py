@@ -202,8 +202,9 @@ class JobWatch:
         )
 
     async def lost(self, downs: list[Down]) -> None:
-        """Nodes named down: each whose job was running is lost (a failure)."""
-        now = self._now()
+        """Nodes named down: each whose job was running is lost (a failure), and a lost node
+        that is the new first failure is pushed down at once, as any other."""
+        now, first = self._now(), self.book.first
         for down in downs:
             cause = down.cause.replace("_", " ")
             detail = f"nothing heard for {down.for_s:.0f} s ({cause}: {down.detail})"
@@ -215,6 +216,8 @@ class JobWatch:
                 log.warning(
                     "job_lost", extra={"rank": down.rank, "host": down.host, "detail": detail}
                 )
+                self._first_changed(first)
+                first = self.book.first
                 await self._changed_now()
 
     # -- the book's changes ------------------------------------------------------------
@@ -232,19 +235,21 @@ class JobWatch:
                     self._count_failure(job)
         if not changed:
             return False
-        if self.book.first is not None and self.book.first != first:
-            log.warning(
-                "job_first_failure",
-                extra={
-                    "rank": self.book.first.rank,
-                    "host": self.book.first.host,
-                    "what": jobs.describe(self.book.first),
-                },
-            )
-            if self._pushes_down():
-                self.nudge_down()
+        self._first_changed(first)
         await self._changed_now()
         return True
+
+    def _first_changed(self, before: JobState | None) -> None:
+        """Say a new first failure, and push it down at once (master, relays)."""
+        first = self.book.first
+        if first is None or first == before:
+            return
+        log.warning(
+            "job_first_failure",
+            extra={"rank": first.rank, "host": first.host, "what": jobs.describe(first)},
+        )
+        if self._pushes_down():
+            self.nudge_down()
 
     def _pushes_down(self) -> bool:
         spec = self.spec
