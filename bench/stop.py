@@ -9,6 +9,8 @@ its job was signalled (the job's own SIGTERM line, stamped by the shared wall cl
 * fail: rank 1 exits 3 after its third step; from its FAIL line to each SIGTERM line.
 * lost: one node vanishes (link down, then every process of its namespace SIGKILLed: no
   FIN, no RST); from the kill to each SIGTERM line. The survivors are blocked in all_reduce.
+* lost-master: the same for the master: each worker names its own upstream, one interval
+  later than a member is named (docs/readiness.md "After ready").
 On a loaded machine a survivor's collective may fail on a peer that `run` stopped a moment
 earlier, before its own SIGTERM arrives: such a job counts as stopped when its ERROR line
 says so (``ended_by_peer_error`` counts them).
@@ -98,12 +100,12 @@ def fresh(cluster: harness.Cluster) -> None:
 def one_run(cluster: harness.Cluster, scenario: str, args: Any) -> dict[str, Any]:
     fresh(cluster)
     nodes = list(cluster)
-    victim = nodes[1]
+    victim = nodes[0] if scenario == "lost-master" else nodes[1]
     job = ["--mib", str(args.mib), "--compute-s", str(args.compute)]
     if scenario == "fail":
         job += ["--fail-rank", "1", "--fail-step", "2", "--fail-code", "3"]
         launcher = ["run", "--quiet", "--timeout", "120"]
-    elif scenario == "lost":
+    elif scenario in ("lost", "lost-master"):
         launcher = ["run", "--quiet", "--timeout", "120"]
     else:
         launcher = ["exec", "--quiet", "--timeout", "120"]
@@ -147,7 +149,8 @@ def main() -> None:
         args.sizes, args.runs, args.baseline_runs = [4], 1, 0
     table: list[dict[str, Any]] = []
     for n, cluster in each_cluster(args.sizes, "stop", "rp-stop-"):
-        plan = [("fail", args.runs), ("lost", args.runs), ("baseline", args.baseline_runs)]
+        plan = [("fail", args.runs), ("lost", args.runs), ("lost-master", args.runs),
+                ("baseline", args.baseline_runs)]  # fmt: skip
         for scenario, runs in plan:
             delays: list[float] = []
             codes: list[int] = []
@@ -157,7 +160,7 @@ def main() -> None:
                 delays += run["delays_s"]
                 codes += list(run["codes"].values())
                 errors += run["peer_errors"]
-                print(f"N={n} {scenario:8s} run {i}: signalled after {run['delays_s']} s, "
+                print(f"N={n} {scenario:11s} run {i}: signalled after {run['delays_s']} s, "
                       f"exit {run['codes']}", flush=True)  # fmt: skip
             if runs:
                 table.append({"nnodes": n, "scenario": scenario, "runs": runs,
@@ -169,14 +172,14 @@ def main() -> None:
               f"{row['everywhere_s'] * 1000:.0f} ms", flush=True)  # fmt: skip
     targets = {}
     for row in table:
-        if row["nnodes"] == 4 and row["scenario"] in ("fail", "lost"):
+        if row["nnodes"] == 4 and row["scenario"] in ("fail", "lost", "lost-master"):
             want = FAIL_TARGET_S if row["scenario"] == "fail" else LOST_TARGET_S
             worst = row["delay_s"].get("max", float("nan"))
             targets[f"{row['scenario']}_n4_max_s"] = common.target(worst, f"<= {want:g}",
                                                                   worst <= want)  # fmt: skip
     common.print_targets(targets)
     for row in table:
-        print(f"N={row['nnodes']:2d} {row['scenario']:8s} p50 {row['delay_s'].get('p50')} s, "
+        print(f"N={row['nnodes']:2d} {row['scenario']:11s} p50 {row['delay_s'].get('p50')} s, "
               f"max {row['delay_s'].get('max')} s, exit {row['codes']}")  # fmt: skip
     common.write_run_summary(
         "stop",
