@@ -1,4 +1,4 @@
-"""The HTTP client side of the peer API: join the master, long-poll its document, poke workers."""
+"""The HTTP client side of the peer API, driven by the route table (routes.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import aiohttp
 import msgspec
 
-from rallypoint import clock, mesh, wire, wirealive, wireclock
+from rallypoint import clock, routes, wire, wirealive, wireclock
 from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc
-from rallypoint.settings import Settings
 
 log = logging.getLogger("rallypoint.rendezvous")
 
@@ -34,25 +34,32 @@ class Exchange(msgspec.Struct, frozen=True):
 
 
 class PeerClient:
-    """Signed requests to other nodes' peer APIs over one aiohttp session.
+    """Signed requests to other nodes' peer APIs over one aiohttp session, by the route table.
 
     Every answer that carries the answering node's clock is a sample for ``offsets``; a
     request refused for its timestamp alone is sent once more on the corrected clock when
-    the refusal proves itself (clock.py, docs/readiness.md#clocks).
+    the refusal proves itself (clock.py, docs/readiness.md#clocks). ``exchange_s`` bounds
+    one exchange (and every connect), ``long_poll_s`` how long a long-poll may be held.
     """
 
     def __init__(
-        self, settings: Settings, auth: Authenticator, offsets: clock.ClockEstimate | None = None
+        self,
+        auth: Authenticator,
+        offsets: clock.ClockEstimate | None = None,
+        *,
+        exchange_s: float,
+        long_poll_s: float,
     ) -> None:
-        self.settings = settings
         self.auth = auth
         self.offsets = offsets or clock.ClockEstimate(time.time)
+        self.exchange_s = exchange_s
+        self.long_poll_s = long_poll_s
         self._http: aiohttp.ClientSession | None = None
 
     def open(self) -> None:
         """Start the HTTP session (inside a running event loop)."""
         self._http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, connect=self.settings.resolve_timeout_s)
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.exchange_s)
         )
 
     async def close(self) -> None:
@@ -66,144 +73,155 @@ class PeerClient:
             raise RuntimeError("Rendezvous used outside its async context")
         return self._http
 
+    async def call(
+        self,
+        route: routes.Route,
+        target: tuple[str, int],
+        body: bytes = b"",
+        *,
+        timeout_s: float | None = None,
+        connect_s: float | None = None,
+        query: str | None = None,
+    ) -> tuple[Any, Exchange] | None:
+        """One request of ``route``: its answer parsed, and the exchange's clock readings;
+        None for 204 (a long-poll that ended empty, a poke taken). PeerDown (with its
+        cause), JoinRejected, AuthError or PeerMessageError when it fails.
+
+        ``timeout_s`` is the whole request's deadline for a route whose caller gives it.
+        """
+        answer = await self._request(
+            route,
+            target,
+            body,
+            aiohttp.ClientTimeout(total=self._deadline(route, timeout_s), connect=connect_s),
+            query,
+        )
+        if answer is None:
+            if route.method == "POST" and route.parse_answer is not None:
+                raise _refusal(204, b"")  # 204 is no answer to this POST
+            return None
+        payload, exchange = answer
+        parsed = None if route.parse_answer is None else route.parse_answer(payload)
+        return parsed, exchange
+
+    def _deadline(self, route: routes.Route, timeout_s: float | None) -> float:
+        if route.deadline == "caller":
+            if timeout_s is None:
+                raise ValueError(f"{route.context} needs the caller's timeout_s")
+            return timeout_s
+        if route.deadline == "long_poll":
+            return self.long_poll_s + self.exchange_s
+        if route.deadline == "two_exchanges":
+            return 2 * self.exchange_s
+        return self.exchange_s
+
+    async def _stamped(
+        self, route: routes.Route, target: tuple[str, int], body: bytes, **kw: Any
+    ) -> Any:
+        """``call`` for a route whose answer carries a clock stamp: the sample is taken."""
+        answer = await self.call(route, target, body, **kw)
+        assert answer is not None  # a POST route with an answer: 204 raised
+        parsed, exchange = answer
+        self._observe(exchange, parsed.clock)
+        return parsed
+
     async def post_join(
         self,
         target: tuple[str, int],
         body: bytes,
         session: str,
-        path: str = "/v1/join",
+        route: routes.Route = routes.JOIN,
         *,
         connect_s: float | None = None,
     ) -> wire.JoinAnswer:
-        """POST /v1/join (or a relay's batch to /v1/joins); PeerDown, JoinRejected, AuthError
-        or PeerMessageError when it fails. ``connect_s`` caps the connect alone."""
-        timeout_s = self.settings.resolve_timeout_s
-        payload, exchange = await self._signed_post(
-            target, path, body, wire.MAX_JOIN_BYTES, timeout_s, connect_s=connect_s
-        )
-        answer = wire.parse_join_answer(payload)
-        if answer.session != session:
-            raise JoinRejected(
-                409, "session_mismatch", f"the master answered for {answer.session!r}"
-            )
-        self._observe(exchange, answer.clock)
-        return answer
+        """POST /v1/join (or a relay's batch, routes.JOINS); ``connect_s`` caps the connect.
 
-    async def post_reports(self, target: tuple[str, int], body: bytes) -> wire.Verdict:
-        """POST /v1/reports (a relay's batch), a long-poll like POST /v1/report."""
-        timeout_s = self.settings.long_poll_s + self.settings.resolve_timeout_s
-        payload, exchange = await self._signed_post(
-            target, "/v1/reports", body, wire.MAX_REPORT_BYTES, timeout_s
-        )
-        verdict = wire.parse_verdict(payload)
-        self._observe(exchange, verdict.clock)
-        return verdict
+        An answer for another session is refused before its clock is taken.
+        """
+        answer = await self.call(route, target, body, connect_s=connect_s)
+        assert answer is not None
+        joined, exchange = answer
+        if joined.session != session:
+            raise JoinRejected(
+                409, "session_mismatch", f"the master answered for {joined.session!r}"
+            )
+        self._observe(exchange, joined.clock)
+        return cast(wire.JoinAnswer, joined)
+
+    async def post_report(
+        self, target: tuple[str, int], body: bytes, route: routes.Route = routes.REPORT
+    ) -> wire.Verdict:
+        """POST /v1/report (or a relay's batch, routes.REPORTS), a long-poll: the master's
+        verdict once it differs from the one seen."""
+        return cast(wire.Verdict, await self._stamped(route, target, body))
 
     async def get_cluster(self, target: tuple[str, int], after: str | None) -> ClusterDoc | None:
         """GET /v1/cluster as a long-poll: a newer document, or None when the poll timed out."""
-        query = "" if after is None else after
-        answer = await self._request(
-            "GET",
-            target,
-            "/v1/cluster",
-            f"GET /v1/cluster?after={query}",
-            b"",
-            wire.MAX_DOC_BYTES,
-            aiohttp.ClientTimeout(self.settings.long_poll_s + self.settings.resolve_timeout_s),
-            params={} if after is None else {"after": after},
-        )
-        return None if answer is None else wire.parse_cluster_doc(answer[0])
+        answer = await self.call(routes.CLUSTER, target, query=after)
+        return None if answer is None else cast(ClusterDoc, answer[0])
 
     async def get_mesh(self, target: tuple[str, int]) -> dict[str, object]:
         """GET /v1/mesh: the master's mesh view (mesh.py), through a relay in a tree."""
-        answer = await self._request(
-            "GET",
-            target,
-            "/v1/mesh",
-            "GET /v1/mesh",
-            b"",
-            mesh.MAX_BYTES,
-            aiohttp.ClientTimeout(2 * self.settings.resolve_timeout_s),
-        )
+        answer = await self.call(routes.MESH, target)
         if answer is None:
             raise PeerMessageError("GET /v1/mesh answered 204 without a mesh")
-        return mesh.parse(answer[0])
+        return cast(dict[str, object], answer[0])
 
-    async def post_report(self, target: tuple[str, int], body: bytes) -> wire.Verdict:
-        """POST /v1/report, a long-poll: the master's verdict once it differs from the one seen.
-
-        PeerDown, JoinRejected, AuthError or PeerMessageError when it fails.
-        """
-        timeout_s = self.settings.long_poll_s + self.settings.resolve_timeout_s
-        payload, exchange = await self._signed_post(
-            target, "/v1/report", body, wire.MAX_REPORT_BYTES, timeout_s
+    async def post_alive(
+        self, target: tuple[str, int], body: bytes, timeout_s: float
+    ) -> wirealive.AliveAnswer:
+        """POST /v1/alive, a keep-alive, within ``timeout_s`` (the connect too)."""
+        answer = await self.call(
+            routes.ALIVE, target, body, timeout_s=timeout_s, connect_s=timeout_s
         )
-        verdict = wire.parse_verdict(payload)
-        self._observe(exchange, verdict.clock)
-        return verdict
+        assert answer is not None
+        return cast(wirealive.AliveAnswer, answer[0])
 
-    async def _signed_post(
-        self,
-        target: tuple[str, int],
-        path: str,
-        body: bytes,
-        limit: int,
-        timeout_s: float,
-        *,
-        connect_s: float | None = None,
-    ) -> tuple[bytes, Exchange]:
-        """POST a signed JSON body; the answer's body once its status and signature check out,
-        and the exchange's clock readings (see _request)."""
-        answer = await self._request(
-            "POST",
-            target,
-            path,
-            f"POST {path}",
-            body,
-            limit,
-            aiohttp.ClientTimeout(total=timeout_s, connect=connect_s),
-        )
-        if answer is None:  # 204 is no answer to a POST
-            raise _refusal(204, b"")
-        return answer
+    async def post_poke(self, target: tuple[str, int], body: bytes, timeout_s: float) -> bool:
+        """POST /v1/poke; whether the worker took it, PeerDown when it was not reached."""
+        try:
+            await self.call(routes.POKE, target, body, timeout_s=timeout_s)
+        except (JoinRejected, AuthError, PeerMessageError):
+            return False
+        return True
 
     async def _request(
         self,
-        method: str,
+        route: routes.Route,
         target: tuple[str, int],
-        path: str,
-        context: str,
         body: bytes,
-        limit: int,
         deadlines: aiohttp.ClientTimeout,
-        *,
-        params: Mapping[str, str] | None = None,
+        query: str | None,
     ) -> tuple[bytes, Exchange] | None:
         """A signed request; the answer's body and the exchange's clock readings once its
-        status and signature check out, None for 204 (a long-poll that ended empty).
+        status and signature check out, None for 204.
 
         Refused for its timestamp, it is sent once more on the clock the refusal corrected.
         """
+        post = route.method == "POST"
+        context = route.signed_as(query)
+        params = {} if route.query is None or query is None else {route.query: query}
         for retry in (False, True):
-            headers = {"Content-Type": "application/json"} if method == "POST" else {}
+            headers = {"Content-Type": "application/json"} if post else {}
             headers.update(self.auth.sign(context, body))
             sent = self.offsets.wall()
             try:
                 async with self._client().request(
-                    method,
-                    url(target, path),
-                    data=body if method == "POST" else None,
+                    route.method,
+                    url(target, route.path),
+                    data=body if post else None,
                     params=params,
                     headers=headers,
                     timeout=deadlines,
                 ) as resp:
-                    payload = await _read_limited(resp, limit)
+                    payload = await _read_limited(resp, route.answer_limit)
                     status, answer_headers = resp.status, resp.headers
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 raise PeerDown(_describe(exc), cause=_cause(exc)) from exc
             if status == 204:
                 return None
             exchange = Exchange(sent, self.offsets.wall(), headers.get(NONCE_HEADER))
+            path = route.path
             try:
                 self._check_answer(status, path, payload, answer_headers)
             except AuthError as exc:
@@ -297,33 +315,6 @@ class PeerClient:
             return exc
         ours = exc.skew_s if exc.reason == "refused" else -exc.skew_s
         return AuthError(str(exc), reason=exc.reason, skew_s=ours)
-
-    async def post_alive(
-        self, target: tuple[str, int], body: bytes, timeout_s: float
-    ) -> wirealive.AliveAnswer:
-        """POST /v1/alive, a keep-alive; PeerDown (with its cause), JoinRejected, AuthError or
-        PeerMessageError when it fails."""
-        payload, _exchange = await self._signed_post(
-            target, "/v1/alive", body, wirealive.MAX_ANSWER_BYTES, timeout_s,
-            connect_s=timeout_s,
-        )  # fmt: skip
-        return wirealive.parse_answer(payload)
-
-    async def post_poke(self, target: tuple[str, int], body: bytes, timeout_s: float) -> bool:
-        """POST /v1/poke; whether the worker accepted it, PeerDown when it was not reached."""
-        headers = {"Content-Type": "application/json"}
-        headers.update(self.auth.sign("POST /v1/poke", body))
-        try:
-            async with self._client().post(
-                url(target, "/v1/poke"),
-                data=body,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(timeout_s),
-            ) as resp:
-                await resp.read()
-                return resp.status < 300
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise PeerDown(_describe(exc)) from exc
 
 
 def url(target: tuple[str, int], path: str) -> str:

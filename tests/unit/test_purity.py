@@ -38,6 +38,7 @@ PURE = [
     "rallypoint.links",
     "rallypoint.liveness",
     "rallypoint.mesh",
+    "rallypoint.routes",
 ]
 FORBIDDEN = ["asyncio", "socket", "aiohttp", "zeroconf"]
 

@@ -127,7 +127,12 @@ class Rendezvous(AsyncResource):
         #: This node's clock offset to the master (clock.py); the Authenticator's clock.
         self.offsets = offsets or ClockEstimate(time.time, on_change=metrics.clock_offset.set)
         self.status_sections["clock"] = self.offsets.status
-        self._peer_client = PeerClient(settings, auth, self.offsets)
+        self._peer_client = PeerClient(
+            auth,
+            self.offsets,
+            exchange_s=settings.resolve_timeout_s,
+            long_poll_s=settings.long_poll_s,
+        )
         # Set once the spec names every host (at once, or after mDNS discovery: adopt()).
         self._spec_known = asyncio.Event()
         if spec.hosts:
@@ -421,7 +426,7 @@ class Rendezvous(AsyncResource):
             return await serving.handle_join(request, remote)
         return serving.handle_join(request, remote)
 
-    def handle_joins(self, batch: wirebatch.JoinBatch, remote: str | None) -> wire.JoinAnswer:
+    async def handle_joins(self, batch: wirebatch.JoinBatch, remote: str | None) -> wire.JoinAnswer:
         """Record a relay's batch of joins (master only); JoinRejected when refused."""
         return self._require_master().handle_joins(batch, remote)
 
@@ -437,15 +442,19 @@ class Rendezvous(AsyncResource):
             return self.relay.encoded(doc)
         return EncodedDoc.of(doc)
 
-    async def handle_report(self, report: wire.Report) -> wire.Verdict:
+    async def handle_report(self, report: wire.Report, remote: str | None) -> wire.Verdict:
         """Record a node's checks (master or relay); the verdict, long-polled while unchanged."""
         return await self._require_master(relay=True).handle_report(report)
 
-    async def handle_reports(self, batch: wirebatch.ReportBatch) -> wire.Verdict:
+    async def handle_reports(
+        self, batch: wirebatch.ReportBatch, remote: str | None
+    ) -> wire.Verdict:
         """Record a relay's batch of reports (master only); the verdict, as for one report."""
         return await self._require_master().handle_reports(batch)
 
-    async def handle_alive(self, alive: wirealive.Alive) -> wirealive.AliveAnswer:
+    async def handle_alive(
+        self, alive: wirealive.Alive, remote: str | None
+    ) -> wirealive.AliveAnswer:
         """A peer's keep-alive after ready: noted, and this node's view of who is down."""
         if not self._spec_known.is_set():
             raise JoinRejected(
@@ -465,7 +474,7 @@ class Rendezvous(AsyncResource):
         if self.book is None:
             self._poked.set()
 
-    def handle_poke(self, poke: wire.Poke) -> None:
+    async def handle_poke(self, poke: wire.Poke, remote: str | None) -> None:
         """The master (re)started: cut the join backoff short and retry a failed verification."""
         if poke.session != self.spec.session:
             raise JoinRejected(

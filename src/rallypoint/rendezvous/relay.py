@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-from rallypoint import fanout, wire, wirebatch
+from rallypoint import fanout, routes, wire, wirebatch
 from rallypoint.backoff import Backoff
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc, Member
@@ -231,7 +231,7 @@ class Relay:
                 body = wirebatch.encode_join_batch(
                     wirebatch.JoinBatch(spec.session, spec.rank, tuple(chunk))
                 )
-                outcome = await self._call("/v1/joins", self._post_joins(body))
+                outcome = await self._call(routes.JOINS.path, self._post_joins(body))
                 for member in chunk:
                     for waiter in waiters.get(member.rank, []):
                         if waiter.done():
@@ -278,7 +278,7 @@ class Relay:
                     )
                 )
                 outcome = await self._call(
-                    "/v1/reports", self._post_reports(body), interrupt=self._reports_due
+                    routes.REPORTS.path, self._post_reports(body), interrupt=self._reports_due
                 )
                 if isinstance(outcome, wire.Verdict):
                     backoff.reset()
@@ -299,11 +299,11 @@ class Relay:
 
     async def _post_joins(self, body: bytes) -> wire.JoinAnswer:
         return await self.ctx.client.post_join(
-            self._target(), body, self.ctx.spec.session, "/v1/joins"
+            self._target(), body, self.ctx.spec.session, routes.JOINS
         )
 
     async def _post_reports(self, body: bytes) -> wire.Verdict:
-        return await self.ctx.client.post_reports(self._target(), body)
+        return await self.ctx.client.post_report(self._target(), body, routes.REPORTS)
 
     async def _call(
         self, route: str, send: Awaitable[T], *, interrupt: asyncio.Event | None = None

@@ -1,16 +1,16 @@
-"""The peer API: join, the cluster document, readiness, pokes and reports; signed with a token."""
+"""The peer API, registered from the route table (routes.py); signed with a token."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from rallypoint import wire, wirealive, wirebatch, wirefields
+from rallypoint import routes, wire, wirefields
 from rallypoint.auth import NONCE_HEADER
 from rallypoint.errors import MeshUnavailable
 from rallypoint.reasons import Reason
@@ -26,6 +26,7 @@ from rallypoint.server.common import (
 )
 from rallypoint.wireclock import ClockStamp
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TASK = web.AppKey("rendezvous_task", asyncio.Task[None])
 
 #: A join body is a few hundred bytes; anything near this is not a peer of ours.
@@ -40,21 +41,18 @@ def peer_app(node: Rendezvous, *, run_rendezvous: bool = True) -> web.Applicatio
         node,
         "peer",
         PEER_MAX_BYTES,
-        [
-            web.post("/v1/join", _join),
-            web.post("/v1/joins", _joins),
-            web.get("/v1/cluster", _cluster),
-            web.get("/v1/ready", _ready),
-            web.post("/v1/poke", _poke),
-            web.post("/v1/report", _report),
-            web.post("/v1/reports", _reports),
-            web.post("/v1/alive", _alive),
-            web.get("/v1/mesh", _mesh),
-        ],
+        [web.route(r.method, r.path, _handler(r)) for r in routes.ROUTES],
     )
     if run_rendezvous:
         app.cleanup_ctx.append(_rendezvous_task)
     return app
+
+
+def _handler(route: routes.Route) -> Handler:
+    """The GET routes are answered each its own way (a long-poll of a document encoded once,
+    a plain JSON answer, a view fetched upstream); every POST route is a message."""
+    custom = {routes.CLUSTER: _cluster, routes.READY: _ready, routes.MESH: _mesh}
+    return custom.get(route) or _message(route)
 
 
 async def _rendezvous_task(app: web.Application) -> AsyncIterator[None]:
@@ -110,31 +108,32 @@ async def _read_body(request: web.Request) -> bytes:
         ) from None
 
 
-async def _join(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    received = node.offsets.now()
-    body = await _read_body(request)
-    node.auth.verify("POST /v1/join", body, request.headers)
-    answer = await node.handle_join(wire.parse_join(body), request.remote)
-    answer = msgspec.structs.replace(answer, clock=_stamp(request, received))
-    return _signed(node, "200 /v1/join", wire.encode_join_answer(answer))
+def _message(route: routes.Route) -> Handler:
+    """The handler of a message route: body, signature, parse, the node's handler, answer."""
+    parse = route.parse_request
+    assert parse is not None
 
+    async def handle(request: web.Request) -> web.Response:
+        node = request.app[NODE]
+        received = node.offsets.now()
+        body = await _read_body(request)
+        node.auth.verify(route.context, body, request.headers)
+        serve = getattr(node, route.handler)
+        answer = await serve(parse(body), request.remote)
+        if route.encode_answer is None:
+            return web.Response(status=204, headers=NO_STORE)
+        if route.stamped:
+            answer = msgspec.structs.replace(answer, clock=_stamp(request, received))
+        return _signed(node, route.answered_as, route.encode_answer(answer))
 
-async def _joins(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    received = node.offsets.now()
-    body = await _read_body(request)
-    node.auth.verify("POST /v1/joins", body, request.headers)
-    answer = node.handle_joins(wirebatch.parse_join_batch(body), request.remote)
-    answer = msgspec.structs.replace(answer, clock=_stamp(request, received))
-    return _signed(node, "200 /v1/joins", wire.encode_join_answer(answer))
+    return handle
 
 
 async def _cluster(request: web.Request) -> web.Response:
     node = request.app[NODE]
     params = single_query(request, ("after",))
     after = params.get("after")
-    node.auth.verify(f"GET /v1/cluster?after={after or ''}", b"", request.headers)
+    node.auth.verify(routes.CLUSTER.signed_as(after), b"", request.headers)
     if after is not None:
         wirefields.generation(after, "after")
     doc = await node.handle_cluster(after)
@@ -144,7 +143,7 @@ async def _cluster(request: web.Request) -> web.Response:
     # fresh signature (own timestamp and nonce) over that digest, never O(N) work.
     encoded = node.encoded(doc)
     headers = dict(NO_STORE)
-    headers.update(node.auth.sign_digest("200 /v1/cluster", encoded.sha256))
+    headers.update(node.auth.sign_digest(routes.CLUSTER.answered_as, encoded.sha256))
     payload = encoded.body
     if encoded.gzipped is not None:
         headers["Vary"] = "Accept-Encoding"
@@ -157,55 +156,19 @@ async def _cluster(request: web.Request) -> web.Response:
 
 async def _ready(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    node.auth.verify("GET /v1/ready", b"", request.headers)
+    node.auth.verify(routes.READY.context, b"", request.headers)
     return web.json_response({"ready": node.ready}, headers=NO_STORE)
-
-
-async def _poke(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    body = await _read_body(request)
-    node.auth.verify("POST /v1/poke", body, request.headers)
-    node.handle_poke(wire.parse_poke(body))
-    return web.Response(status=204, headers=NO_STORE)
-
-
-async def _report(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    received = node.offsets.now()
-    body = await _read_body(request)
-    node.auth.verify("POST /v1/report", body, request.headers)
-    verdict = await node.handle_report(wire.parse_report(body))
-    verdict = msgspec.structs.replace(verdict, clock=_stamp(request, received))
-    return _signed(node, "200 /v1/report", wire.encode_verdict(verdict))
-
-
-async def _reports(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    received = node.offsets.now()
-    body = await _read_body(request)
-    node.auth.verify("POST /v1/reports", body, request.headers)
-    verdict = await node.handle_reports(wirebatch.parse_report_batch(body))
-    verdict = msgspec.structs.replace(verdict, clock=_stamp(request, received))
-    return _signed(node, "200 /v1/reports", wire.encode_verdict(verdict))
-
-
-async def _alive(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    body = await _read_body(request)
-    node.auth.verify("POST /v1/alive", body, request.headers)
-    answer = await node.handle_alive(wirealive.parse_alive(body))
-    return _signed(node, "200 /v1/alive", wirealive.encode_answer(answer))
 
 
 async def _mesh(request: web.Request) -> web.Response:
     """The master's mesh view (a relay asks its master), signed like every answer."""
     node = request.app[NODE]
-    node.auth.verify("GET /v1/mesh", b"", request.headers)
+    node.auth.verify(routes.MESH.context, b"", request.headers)
     try:
         view = await node.mesh()
     except MeshUnavailable as exc:
         return error_response(exc.status, str(exc), "no_master")
-    return _signed(node, "200 /v1/mesh", wirefields.dump(view))
+    return _signed(node, routes.MESH.answered_as, wirefields.dump(view))
 
 
 def _stamp(request: web.Request, received: float) -> ClockStamp | None:
