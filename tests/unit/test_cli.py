@@ -180,7 +180,7 @@ def test_settings_precedence(
 
 def _settings(command: click.Command, args: list[str]) -> Settings:
     with command.make_context("serve", args) as ctx:
-        return cli_setup.build_settings(ctx, {})
+        return cli_config.build(ctx.params, cli_setup.from_env(ctx), {})
 
 
 def test_boolean_flags_follow_the_same_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,9 +206,14 @@ def test_token_from_variable_and_from_file(tmp_path: Path) -> None:
     secret_file.write_text("from-file\n")
     command = app.commands["serve"]
     with command.make_context("serve", []) as ctx:
-        assert cli_setup.build_settings(ctx, {"RALLYPOINT_TOKEN": "direct"}).token == "direct"
+        settings = cli_config.build(
+            ctx.params, cli_setup.from_env(ctx), {"RALLYPOINT_TOKEN": "direct"}
+        )
+        assert settings.token == "direct"
     with command.make_context("serve", ["--token-file", str(secret_file)]) as ctx:
-        settings = cli_setup.build_settings(ctx, {"RALLYPOINT_TOKEN": "direct"})
+        settings = cli_config.build(
+            ctx.params, cli_setup.from_env(ctx), {"RALLYPOINT_TOKEN": "direct"}
+        )
     assert settings.token == "from-file"
     assert "from-file" not in repr(settings)
 

@@ -36,7 +36,7 @@ def test_a_reader_never_sees_a_half_written_file(tmp_path: Path) -> None:
     thread.start()
     try:
         for round_ in range(12):
-            output.write_atomic(target, contents[round_ % len(contents)])
+            output.write_atomic_all([(target, contents[round_ % len(contents)])])
     finally:
         stop.set()
         thread.join()
@@ -49,7 +49,7 @@ def test_write_atomic_sets_mode_0644_whatever_the_umask(tmp_path: Path) -> None:
     target = tmp_path / "env"
     old = os.umask(0o077)
     try:
-        output.write_atomic(target, "A=1\n")
+        output.write_atomic_all([(target, "A=1\n")])
     finally:
         os.umask(old)
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
@@ -66,8 +66,9 @@ def test_write_atomic_leaves_no_temporary_file_when_it_fails(
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(os, "replace", refuse)
-    with pytest.raises(PermissionError):
-        output.write_atomic(target, "NEW\n")
+    with pytest.raises(output.Unwritable) as failed:
+        output.write_atomic_all([(target, "NEW\n")])
+    assert isinstance(failed.value.error, PermissionError)
     assert target.read_text() == "OLD\n"
     assert os.listdir(tmp_path) == ["env"]
 

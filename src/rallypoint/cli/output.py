@@ -125,14 +125,6 @@ def _fail(message: str, code: int) -> int:
 # --- output helpers ----------------------------------------------------------------------
 
 
-def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
-    """Replace path with text so that a reader sees the old file or the new, never half."""
-    try:
-        write_atomic_all([(path, text)], mode)
-    except Unwritable as exc:
-        raise exc.error from None
-
-
 class Unwritable(Exception):
     """A file of write_atomic_all could not be staged; nothing was replaced."""
 

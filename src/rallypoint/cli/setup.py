@@ -24,11 +24,6 @@ def from_env(ctx: click.Context) -> dict[str, str]:
     }
 
 
-def build_settings(ctx: click.Context, environ: dict[str, str]) -> Settings:
-    """The frozen Settings from a command's options (flag > RALLYPOINT_* > default)."""
-    return config.build(ctx.params, from_env(ctx), environ)
-
-
 def setup(ctx: click.Context) -> tuple[Settings, dict[str, str]]:
     """Logging, environment and Settings for a command, in that order."""
     return config.start(ctx.params, from_env(ctx))

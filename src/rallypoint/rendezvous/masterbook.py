@@ -137,11 +137,6 @@ class MasterBook:
         """The ranks that have not joined yet, in order."""
         return list(self._missing)
 
-    @property
-    def missing_count(self) -> int:
-        """How many ranks have not joined yet (O(1), unlike ``missing()``)."""
-        return len(self._missing)
-
     def encoded(self, doc: ClusterDoc) -> EncodedDoc:
         """``doc`` encoded for GET /v1/cluster; the cached encoding when it is ``self.doc``."""
         return EncodedDoc.reusing(doc, self.doc, self.encoded_doc)
