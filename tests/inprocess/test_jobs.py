@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rallypoint import wirealive
+from rallypoint.jobs import JobState
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous.jobwatch import JobWatch
@@ -253,3 +255,19 @@ async def test_the_end_of_a_run_counts_whatever_the_clock_offset_did_meanwhile()
     offset[0] = 0.002
     await watch.report(Report("exited", 1000.0004, 0), settle_s=0)
     assert watch.book.state(1).state == "exited"
+
+
+async def test_a_node_stamps_its_own_states_as_the_wire_carries_them() -> None:
+    # Two failures within one millisecond: the wire rounds stamps to 1 ms, and a node whose
+    # own copy kept more digits ordered them otherwise than every other node.
+    spec = ClusterSpec("explicit", ("node0", "node1", "node2"), 1, 3, "sess")
+    clock = [1000.1231]
+    watch = JobWatch(spec, Metrics(), boot="b", group_size=0, now=lambda: clock[0])
+    await watch.report(Report("running", 999.0), settle_s=0)
+    await watch.report(Report("exited", 999.0, 1), settle_s=0)
+    assert watch.book.state(1).since == 1000.123
+    # node2's failure 0.3 ms later, as the wire brings it: the tie goes to the lower rank.
+    later = JobState(2, "node2", "killed", 999.0, round(1000.1234, 3), signal=6)
+    await watch.from_peer(wirealive.Alive("sess", 2, "node2", job=later), upstream=False)
+    first = watch.book.first
+    assert first is not None and first.rank == 1

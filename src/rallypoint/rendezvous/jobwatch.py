@@ -75,8 +75,9 @@ class JobWatch:
     async def report(self, report: Report, settle_s: float) -> None:
         """Take this node's own report; wait up to ``settle_s`` for it to reach the master."""
         spec = self.spec
-        # The start names the run: kept as `run` stamped it, by this node's own clock, and
-        # rounded as the wire rounds it. Corrected by the offset, it would change with each
+        # Every stamp is rounded as the wire rounds it, so that this node's copy of its own
+        # state orders against the others' as their copies of it do. The start names the
+        # run: kept as `run` stamped it, by this node's own clock. Corrected by the offset, it would change with each
         # new clock sample, and the same run's end could look like an older run's and be
         # dropped. Every other stamp is on the master's clock.
         started = round(report.started, 3)
@@ -85,7 +86,7 @@ class JobWatch:
             spec.host,
             report.state,
             started,
-            self._now() if report.at is None else round(report.at - self._offset(), 3),
+            round(self._now() if report.at is None else report.at - self._offset(), 3),
             code=report.code,
             signal=report.signal,
         )
@@ -209,7 +210,7 @@ class JobWatch:
             cause = down.cause.replace("_", " ")
             detail = f"nothing heard for {down.for_s:.0f} s ({cause}: {down.detail})"
             failed_before = self.book.has_failed(down.rank)
-            lost = self.book.lose(down.rank, now - down.for_s, detail[:300])
+            lost = self.book.lose(down.rank, round(now - down.for_s, 3), detail[:300])
             if lost is not None:
                 if not failed_before:  # counted once per node, as _take counts
                     self._count_failure(lost)
