@@ -94,5 +94,5 @@ async def run(nodes: int, settings: Settings) -> list[tuple[int, Env, float]]:
                 raise RendezvousTimeout(
                     f"demo node {node.spec.host} not ready within {settings.deadline_s:g}s: {codes}"
                 )
-            results.append((node.spec.rank, node.env, node.ready_after_s or 0.0))
+            results.append((node.spec.rank, node.env, node.readiness.ready_after_s or 0.0))
         return results

@@ -147,7 +147,7 @@ class Sidecar(AsyncResource):
             offsets=offsets,
         )
         if unsigned:
-            node.static_warnings.append(
+            node.readiness.static_warnings.append(
                 "peer messages are not authenticated: set RALLYPOINT_TOKEN on every node"
             )
         self._node = await stack.enter_async_context(node)

@@ -439,7 +439,7 @@ async def test_a_generation_change_pokes_workers_out_of_their_backoff() -> None:
         c.resolvers[2].remove("node0")
         await _poke(c, 2)
         node2 = c.nodes[2].node
-        await until(lambda: node2.master_problem is not None)
+        await until(lambda: node2.readiness.master_problem is not None)
         c.resolvers[2].set("node0", [address(0)])
         # Worker 1 comes back with other facts: the master issues a new generation.
         await c.stop(1)
@@ -448,7 +448,7 @@ async def test_a_generation_change_pokes_workers_out_of_their_backoff() -> None:
         master = c.nodes[0].node
         await until(lambda: master.generation not in (None, old) and master.ready)
         await until(lambda: node2.generation == master.generation and node2.ready)
-        assert node2.master_problem is None
+        assert node2.readiness.master_problem is None
         assert c.nodes[0].metrics.value("rallypoint_pokes_sent_total", result="accepted") >= 2
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rallypoint import routes
-from rallypoint.rendezvous.node import Rendezvous
+from rallypoint.rendezvous.peerapi import PeerApi
 from rallypoint.server.peer import peer_app
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
@@ -45,7 +45,7 @@ def test_the_server_registers_exactly_the_table() -> None:
 def test_every_message_has_an_async_handler_taking_the_message_and_the_caller(
     route: routes.Route,
 ) -> None:
-    handler = getattr(Rendezvous, route.handler)
+    handler = getattr(PeerApi, route.handler)
     assert inspect.iscoroutinefunction(handler), route.handler
     assert list(inspect.signature(handler).parameters)[2:] == ["remote"], route.handler
     assert route.parse_request is not None and route.answer_limit > 0

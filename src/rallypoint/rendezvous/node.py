@@ -20,12 +20,10 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import overload
 
-from rallypoint import fanout, liveness, probe, wire, wirealive, wirebatch, wirefields
+from rallypoint import fanout, liveness, probe, wirefields
 from rallypoint.auth import Authenticator
-from rallypoint.clock import ClockEstimate, sender_host, with_facts
-from rallypoint.errors import AuthError, JoinRejected, MeshUnavailable, PeerDown, PeerMessageError
+from rallypoint.clock import ClockEstimate, with_facts
 from rallypoint.lifecycle import AsyncResource
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSource
@@ -43,7 +41,8 @@ from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.jobwatch import JobWatch
 from rallypoint.rendezvous.keepalive import Keepalive
 from rallypoint.rendezvous.master import Master, poke_host
-from rallypoint.rendezvous.masterbook import EncodedDoc, MasterBook
+from rallypoint.rendezvous.masterbook import MasterBook
+from rallypoint.rendezvous.peerapi import PeerApi
 from rallypoint.rendezvous.peers import PeerTable
 from rallypoint.rendezvous.readiness import Readiness
 from rallypoint.rendezvous.relay import Relay
@@ -123,16 +122,18 @@ class Rendezvous(AsyncResource):
             ),
             "job": self.job_status,
         }
-        self._poked = asyncio.Event()
+        self.poked = asyncio.Event()
         #: This node's clock offset to the master (clock.py); the Authenticator's clock.
         self.offsets = offsets or ClockEstimate(time.time, on_change=metrics.clock_offset.set)
         self.status_sections["clock"] = self.offsets.status
-        self._peer_client = PeerClient(
+        self.peer_client = PeerClient(
             auth,
             self.offsets,
             exchange_s=settings.resolve_timeout_s,
             long_poll_s=settings.long_poll_s,
         )
+        #: What this node answers on its peer API (server/peer.py dispatches to it).
+        self.peer_api = PeerApi(self)
         # Set once the spec names every host (at once, or after mDNS discovery: adopt()).
         self._spec_known = asyncio.Event()
         if spec.hosts:
@@ -142,7 +143,7 @@ class Rendezvous(AsyncResource):
 
     async def start(self) -> None:
         """Open the HTTP client the roles share."""
-        self._peer_client.open()
+        self.peer_client.open()
 
     async def close(self) -> None:
         """Cancel background work, close the windows and the HTTP client; closing twice is safe."""
@@ -154,7 +155,7 @@ class Rendezvous(AsyncResource):
             await self.verification.close()
         if self.windows is not None:
             await self.windows.close()
-        await self._peer_client.close()
+        await self.peer_client.close()
 
     def begin_shutdown(self) -> None:
         """Turn not ready for good (SIGTERM): /readyz answers 503 from now on."""
@@ -214,7 +215,7 @@ class Rendezvous(AsyncResource):
             self.book = MasterBook(spec, self.held["master"].port, self.epoch)
             transport = local_transport(self.book, self.settings.long_poll_s)
         else:
-            transport = http_transport(self._peer_client, lambda: self.master_target)
+            transport = http_transport(self.peer_client, lambda: self.master_target)
             transport = with_facts(transport, self.offsets.facts)
         self.ctx = NodeContext(
             spec=spec,
@@ -223,7 +224,7 @@ class Rendezvous(AsyncResource):
             metrics=self.metrics,
             readiness=self.readiness,
             peers=self.peers,
-            client=self._peer_client,
+            client=self.peer_client,
             endpoint=self._endpoint,
             accept_loopback=self.accept_loopback,
             clock=self._clock,
@@ -287,7 +288,7 @@ class Rendezvous(AsyncResource):
         worker = Worker(
             self,
             self._context(),
-            poked=self._poked,
+            poked=self.poked,
             on_joined=None if relay is None else relay.upstream_joined,
         )
         if relay is None:
@@ -308,9 +309,7 @@ class Rendezvous(AsyncResource):
             probe_port=None if probe_port is None or not self.settings.probe else probe_port.port,
         )
 
-    # -- readiness (what the APIs serve) ---------------------------------------------------
-
-    # -- readiness, under the names the APIs, the join loop and the demo have always used ----
+    # -- readiness, under the names the APIs and the demo have always used ------------------
 
     @property
     def ready(self) -> bool:
@@ -319,24 +318,6 @@ class Rendezvous(AsyncResource):
     @property
     def env(self) -> Env | None:
         return self.readiness.env
-
-    @property
-    def master_problem(self) -> Reason | None:
-        return self.readiness.master_problem
-
-    @master_problem.setter
-    def master_problem(self, problem: Reason | None) -> None:
-        self.readiness.master_problem = problem
-
-    @property
-    def static_warnings(self) -> list[str]:
-        """Warnings fixed at start (no token ...): append to show one in /status."""
-        return self.readiness.static_warnings
-
-    @property
-    def ready_after_s(self) -> float | None:
-        """Seconds from start to the first ready, None before."""
-        return self.readiness.ready_after_s
 
     def reasons(self) -> list[Reason]:
         """Why the node is not ready (empty when ready)."""
@@ -387,83 +368,6 @@ class Rendezvous(AsyncResource):
             sections=self.status_sections,
         )
 
-    async def mesh(self) -> dict[str, object]:
-        """The mesh (mesh.py): the master's own view; elsewhere asked of the master (or relay).
-
-        MeshUnavailable before this node reached its master (409) or when the ask fails (502).
-        """
-        if self.book is not None:
-            return status.mesh_view(self.book, self.settings)
-        target = self.master_target
-        if target is None:
-            raise MeshUnavailable(
-                "this node has not reached its master yet, and the mesh is the master's "
-                "view: ask again once it joined (`rallypoint status` says why it has not)"
-            )
-        try:
-            return await self._peer_client.get_mesh(target)
-        except JoinRejected as exc:
-            if exc.code != "no_master" or exc.status != 502:
-                raise self._mesh_unreachable(exc) from exc
-            # Our relay could not ask the master: its message already says so, once.
-            raise MeshUnavailable(exc.said, status=502) from exc
-        except (PeerDown, AuthError, PeerMessageError) as exc:
-            raise self._mesh_unreachable(exc) from exc
-
-    def _mesh_unreachable(self, exc: Exception) -> MeshUnavailable:
-        return MeshUnavailable(
-            f"cannot get the mesh from the master {self.spec.master}: {exc}; is its sidecar "
-            "running? (`rallypoint status --mesh` on the master shows it directly)",
-            status=502,
-        )
-
-    # -- the peer API's requests -------------------------------------------------------------
-
-    async def handle_join(self, request: wire.JoinRequest, remote: str | None) -> wire.JoinAnswer:
-        """Record a worker's join (master or its relay); JoinRejected when refused."""
-        serving = self._require_master(relay=True)
-        if isinstance(serving, Relay):
-            return await serving.handle_join(request, remote)
-        return serving.handle_join(request, remote)
-
-    async def handle_joins(self, batch: wirebatch.JoinBatch, remote: str | None) -> wire.JoinAnswer:
-        """Record a relay's batch of joins (master only); JoinRejected when refused."""
-        return self._require_master().handle_joins(batch, remote)
-
-    async def handle_cluster(self, after: str | None) -> ClusterDoc | None:
-        """Long-poll for a document newer than ``after`` (master or relay); None on timeout."""
-        return await self._require_master(relay=True).handle_cluster(after)
-
-    def encoded(self, doc: ClusterDoc) -> EncodedDoc:
-        """A document handle_cluster returned, encoded once by whoever serves it."""
-        if self.book is not None:
-            return self.book.encoded(doc)
-        if self.relay is not None:
-            return self.relay.encoded(doc)
-        return EncodedDoc.of(doc)
-
-    async def handle_report(self, report: wire.Report, remote: str | None) -> wire.Verdict:
-        """Record a node's checks (master or relay); the verdict, long-polled while unchanged."""
-        return await self._require_master(relay=True).handle_report(report)
-
-    async def handle_reports(
-        self, batch: wirebatch.ReportBatch, remote: str | None
-    ) -> wire.Verdict:
-        """Record a relay's batch of reports (master only); the verdict, as for one report."""
-        return await self._require_master().handle_reports(batch)
-
-    async def handle_alive(
-        self, alive: wirealive.Alive, remote: str | None
-    ) -> wirealive.AliveAnswer:
-        """A peer's keep-alive after ready: noted, and this node's view of who is down."""
-        if not self._spec_known.is_set():
-            raise JoinRejected(
-                503, "discovering", "this node has not finished mDNS discovery; retry shortly"
-            )
-        if self.keepalive is None:  # --keepalive 0 here: nothing watched, nothing to say
-            return wirealive.AliveAnswer(self.spec.session, self.spec.rank, (), 0)
-        return await self.keepalive.answer(alive)
-
     def job_status(self) -> dict[str, object]:
         if self.jobs is None:
             return {"carried": False, "version": 0, "first": None, "stop": False}
@@ -472,57 +376,7 @@ class Rendezvous(AsyncResource):
     def wake(self) -> None:
         """Cut a worker's join backoff short (mDNS saw the master change): re-join now."""
         if self.book is None:
-            self._poked.set()
-
-    async def handle_poke(self, poke: wire.Poke, remote: str | None) -> None:
-        """The master (re)started: cut the join backoff short and retry a failed verification."""
-        if poke.session != self.spec.session:
-            raise JoinRejected(
-                409, "session_mismatch", f"poke for session {poke.session!r}, not ours"
-            )
-        self.metrics.pokes_received.inc()
-        self._poked.set()
-        if self.verification is not None:
-            self.verification.retry()
-
-    def clock_refused(self, body: bytes, remote: str | None, skew_s: float) -> None:
-        """A peer message was refused as ``skew_s`` ahead of this node's clock: remember whose
-        (the host in its authentic body, else the peer joined from ``remote``)."""
-        host = sender_host(body, self.spec)
-        if host is None and remote is not None:
-            known = [p.host for p in self.peers.values() if p.remote == remote]
-            host = known[0] if len(known) == 1 else None
-        self.offsets.refused(host or remote or "unknown", skew_s)
-        if self.master is not None and host is not None:
-            self.master.clock_refused(host, skew_s, self.auth.max_skew_s)
-
-    @overload
-    def _require_master(self) -> Master: ...
-
-    @overload
-    def _require_master(self, *, relay: bool) -> Master | Relay: ...
-
-    def _require_master(self, *, relay: bool = False) -> Master | Relay:
-        if not self._spec_known.is_set():
-            raise JoinRejected(
-                503,
-                "discovering",
-                f"this node has not finished mDNS discovery (seen {self._phase_detail()}); "
-                "retry shortly",
-            )
-        if self.master is None and relay and self.relay is not None:
-            return self.relay
-        if self.master is None:
-            raise JoinRejected(
-                409,
-                "not_master",
-                f"{self.spec.host} is rank {self.spec.rank}, not the master; "
-                f"talk to {self.spec.master}",
-            )
-        return self.master
-
-    def _phase_detail(self) -> str:
-        return next((r.detail or "" for r in self.readiness.phase if r.code == "discovering"), "")
+            self.poked.set()
 
     def _context(self) -> NodeContext:
         if self.ctx is None:

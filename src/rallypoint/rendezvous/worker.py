@@ -37,16 +37,10 @@ class _Rejoin(Exception):
 class WorkerNode(Protocol):
     """What the join loop reports to and reads from the node it runs for (the Rendezvous)."""
 
-    master_problem: Reason | None
     master_target: tuple[str, int] | None
 
     @property
-    def ready(self) -> bool: ...
-
-    @property
     def doc(self) -> ClusterDoc | None: ...
-
-    def not_ready(self, *reasons: Reason) -> None: ...
 
     def accept(self, doc: ClusterDoc) -> None: ...
 
@@ -85,7 +79,7 @@ class Worker:
     async def run(self, own: Member) -> None:
         """Join as ``own`` and follow the master's documents until cancelled."""
         master = self.ctx.spec.master
-        self.node.not_ready(
+        self.ctx.readiness.not_ready(
             Reason("waiting_for_master", f"joining the master {master}", host=master)
         )
         # Full jitter, and a poke (the master came up, a new generation) ends the pause.
@@ -114,9 +108,9 @@ class Worker:
                 )
             epoch = answer.epoch
             if self.node.doc is None and self._refused is not None:
-                self.node.not_ready(self._refused)
+                self.ctx.readiness.not_ready(self._refused)
             elif self.node.doc is None:
-                self.node.not_ready(
+                self.ctx.readiness.not_ready(
                     Reason(
                         "waiting_for_cluster",
                         f"joined {master} as rank {self.ctx.spec.rank}; {answer.joined} of "
@@ -133,7 +127,7 @@ class Worker:
                     continue
                 problem = self._foreign(doc)
                 if problem is not None:
-                    self.node.not_ready(problem)
+                    self.ctx.readiness.not_ready(problem)
                     after = doc.generation
                     continue
                 if doc.members[self.ctx.spec.rank] != own:
@@ -196,15 +190,15 @@ class Worker:
                         )
                         break
                     self.ctx.metrics.join_attempts.labels("accepted").inc()
-                    self.node.master_problem = None
+                    self.ctx.readiness.master_problem = None
                     if self._on_joined is not None:
                         self._on_joined(target, answer)
                     return target, answer
             self.ctx.metrics.join_attempts.labels(problem.code).inc()
-            if self.node.ready:
-                self.node.master_problem = problem
+            if self.ctx.readiness.ready:
+                self.ctx.readiness.master_problem = problem
             else:
-                self.node.not_ready(problem)
+                self.ctx.readiness.not_ready(problem)
             if await backoff.sleep():
                 self._skip_relay = False  # poked: the relay may be back
 
@@ -233,7 +227,7 @@ class Worker:
                 log.info("relay_skipped", extra={"relay": relay, "error": str(exc)})
                 continue
             self.ctx.metrics.join_attempts.labels("accepted").inc()
-            self.node.master_problem = None
+            self.ctx.readiness.master_problem = None
             return (target, answer), False
         return None, unreachable
 
@@ -252,13 +246,13 @@ class Worker:
         except AuthError as exc:
             self.ctx.metrics.auth_failures.labels(auth_reason(exc)).inc()
             self._refused = self._auth_reason(exc)
-            self.node.not_ready(self._refused)
+            self.ctx.readiness.not_ready(self._refused)
             raise _Rejoin(str(exc)) from exc
         except PeerMessageError as exc:
             self._refused = Reason(
                 "master_answer_invalid", f"cluster document: {exc}", host=self.ctx.spec.master
             )
-            self.node.not_ready(self._refused)
+            self.ctx.readiness.not_ready(self._refused)
             raise _Rejoin(str(exc)) from exc
 
     def _auth_reason(self, exc: AuthError) -> Reason:

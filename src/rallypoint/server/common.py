@@ -86,7 +86,7 @@ async def clock_refusal(
     which proved authentic before its timestamp was judged)."""
     # The handler read the body already (read() returns it again); a GET has none.
     body = await request.read() if request.body_exists else b""
-    node.clock_refused(body, request.remote, skew_s)
+    node.peer_api.clock_refused(body, request.remote, skew_s)
     out: dict[str, object] = {
         "error": message,
         "code": "auth_failed",

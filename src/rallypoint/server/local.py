@@ -138,7 +138,7 @@ async def _mesh(request: web.Request) -> web.Response:
     """The mesh (mesh.py): the master's view, which any other node asks the master for."""
     node = request.app[NODE]
     try:
-        view = await node.mesh()
+        view = await node.peer_api.mesh()
     except MeshUnavailable as exc:
         return error_response(exc.status, str(exc), "no_master")
     return web.json_response(view, headers=NO_STORE)

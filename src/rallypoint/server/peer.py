@@ -118,7 +118,7 @@ def _message(route: routes.Route) -> Handler:
         received = node.offsets.now()
         body = await _read_body(request)
         node.auth.verify(route.context, body, request.headers)
-        serve = getattr(node, route.handler)
+        serve = getattr(node.peer_api, route.handler)
         answer = await serve(parse(body), request.remote)
         if route.encode_answer is None:
             return web.Response(status=204, headers=NO_STORE)
@@ -136,12 +136,12 @@ async def _cluster(request: web.Request) -> web.Response:
     node.auth.verify(routes.CLUSTER.signed_as(after), b"", request.headers)
     if after is not None:
         wirefields.generation(after, "after")
-    doc = await node.handle_cluster(after)
+    doc = await node.peer_api.handle_cluster(after)
     if doc is None:
         return web.Response(status=204, headers=NO_STORE)
     # The master (or relay) encoded, hashed and gzipped the document once: per answer only a
     # fresh signature (own timestamp and nonce) over that digest, never O(N) work.
-    encoded = node.encoded(doc)
+    encoded = node.peer_api.encoded(doc)
     headers = dict(NO_STORE)
     headers.update(node.auth.sign_digest(routes.CLUSTER.answered_as, encoded.sha256))
     payload = encoded.body
@@ -165,7 +165,7 @@ async def _mesh(request: web.Request) -> web.Response:
     node = request.app[NODE]
     node.auth.verify(routes.MESH.context, b"", request.headers)
     try:
-        view = await node.mesh()
+        view = await node.peer_api.mesh()
     except MeshUnavailable as exc:
         return error_response(exc.status, str(exc), "no_master")
     return _signed(node, routes.MESH.answered_as, wirefields.dump(view))
