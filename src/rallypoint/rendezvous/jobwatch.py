@@ -77,9 +77,9 @@ class JobWatch:
         spec = self.spec
         # Every stamp is rounded as the wire rounds it, so that this node's copy of its own
         # state orders against the others' as their copies of it do. The start names the
-        # run: kept as `run` stamped it, by this node's own clock. Corrected by the offset, it would change with each
-        # new clock sample, and the same run's end could look like an older run's and be
-        # dropped. Every other stamp is on the master's clock.
+        # run: kept as `run` stamped it, by this node's own clock. Corrected by the offset,
+        # it would change with each new clock sample, and the same run's end could look like
+        # an older run's and be dropped. Every other stamp is on the master's clock.
         started = round(report.started, 3)
         job = JobState(
             spec.rank,
