@@ -76,12 +76,13 @@ class Watch:
         self.started = False
 
     def track(self, ranks: Iterable[int], upstream: Iterable[int] = ()) -> None:
-        """Watch exactly ``ranks`` from now on (``upstream`` among them: this node's relay or
-        master); a newly watched rank counts as heard now."""
+        """Watch exactly ``ranks`` and ``upstream`` (this node's relay or master) from now on;
+        a newly watched rank counts as heard now."""
         self.started = True
         now = self._clock()
-        wanted = {r for r in ranks if r != self.rank and 0 <= r < len(self.hosts)}
-        self._upstreams = frozenset(upstream) & wanted
+        upstream = set(upstream)
+        wanted = {r for r in {*ranks, *upstream} if r != self.rank and 0 <= r < len(self.hosts)}
+        self._upstreams = frozenset(upstream & wanted)
         for rank in list(self._heard):
             if rank not in wanted:
                 del self._heard[rank]

@@ -86,7 +86,7 @@ class Keepalive:
         if spec.is_master:
             self.watch.track(r for r in range(spec.nnodes) if r != spec.rank)
         else:
-            self.watch.track([self._upstream(), *self.group], upstream=[self._upstream()])
+            self.watch.track(self.group, upstream=[self._upstream()])
         log.info(
             "keepalive_started",
             extra={"interval_s": self._interval, "watched": len(self.watch.watched)},
@@ -194,9 +194,9 @@ class Keepalive:
         if self.relay is not None:
             if await self._send(self.relay, body, self._interval / 2, upstream=True):
                 self.jobs.sent(changed)
-                self.watch.track([self.relay, *self.group], upstream=[self.relay])
+                self.watch.track(self.group, upstream=[self.relay])
                 return
-            self.watch.track([self.relay, 0, *self.group], upstream=[self.relay, 0])
+            self.watch.track(self.group, upstream=[self.relay, 0])
         if await self._send(0, body, self._interval, upstream=True):
             self.jobs.sent(changed)
 
