@@ -205,7 +205,7 @@ class JobWatch:
     async def lost(self, downs: list[Down]) -> None:
         """Nodes named down: each whose job was running is lost (a failure), and a lost node
         that is the new first failure is pushed down at once, as any other."""
-        now, first = self._now(), self.book.first
+        now, first, changed = self._now(), self.book.first, False
         for down in downs:
             cause = down.cause.replace("_", " ")
             detail = f"nothing heard for {down.for_s:.0f} s ({cause}: {down.detail})"
@@ -217,9 +217,10 @@ class JobWatch:
                 log.warning(
                     "job_lost", extra={"rank": down.rank, "host": down.host, "detail": detail}
                 )
-                self._first_changed(first)
-                first = self.book.first
-                await self._changed_now()
+                changed = True
+        if changed:
+            self._first_changed(first)
+            await self._changed_now()
 
     # -- the book's changes ------------------------------------------------------------
 
