@@ -32,8 +32,9 @@ class Route:
 
     method: Literal["GET", "POST"]
     path: str
-    #: The name of the node's method that answers it (Rendezvous.<handler>).
-    handler: str
+    #: The name of the method that answers it (rendezvous/peerapi.PeerApi.<handler>); None
+    #: for what the server answers from the node's state alone (readiness).
+    handler: str | None
     #: The request body's parser (None: no body, a GET).
     parse_request: Callable[[bytes], Any] | None
     #: The answer's encoder (None: 204, no answer) and parser.
@@ -87,7 +88,7 @@ CLUSTER = Route(
 )  # fmt: skip
 #: Whether the answering node is ready.
 READY = Route(
-    "GET", "/v1/ready", "ready", None, None, None, 1024, "exchange",
+    "GET", "/v1/ready", None, None, None, None, 1024, "exchange",
     served_by="any",
 )  # fmt: skip
 #: The master's "re-join now" to a worker (204).

@@ -45,10 +45,16 @@ def test_the_server_registers_exactly_the_table() -> None:
 def test_every_message_has_an_async_handler_taking_the_message_and_the_caller(
     route: routes.Route,
 ) -> None:
+    assert route.handler is not None
     handler = getattr(PeerApi, route.handler)
     assert inspect.iscoroutinefunction(handler), route.handler
     assert list(inspect.signature(handler).parameters)[2:] == ["remote"], route.handler
     assert route.parse_request is not None and route.answer_limit > 0
+
+
+def test_every_named_handler_is_the_peer_api_s() -> None:
+    named = [r.handler for r in routes.ROUTES if r.handler is not None]
+    assert named and all(callable(getattr(PeerApi, name, None)) for name in named), named
 
 
 def test_signing_contexts() -> None:

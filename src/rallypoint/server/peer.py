@@ -110,15 +110,15 @@ async def _read_body(request: web.Request) -> bytes:
 
 def _message(route: routes.Route) -> Handler:
     """The handler of a message route: body, signature, parse, the node's handler, answer."""
-    parse = route.parse_request
-    assert parse is not None
+    parse, handler = route.parse_request, route.handler
+    assert parse is not None and handler is not None
 
     async def handle(request: web.Request) -> web.Response:
         node = request.app[NODE]
         received = node.offsets.now()
         body = await _read_body(request)
         node.auth.verify(route.context, body, request.headers)
-        serve = getattr(node.peer_api, route.handler)
+        serve = getattr(node.peer_api, handler)
         answer = await serve(parse(body), request.remote)
         if route.encode_answer is None:
             return web.Response(status=204, headers=NO_STORE)
