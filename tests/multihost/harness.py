@@ -446,7 +446,7 @@ class Node:
         self._offloads_off()
         rule = ["INPUT", "-i", IFNAME, "-p", "tcp", "-m", "statistic", "--mode", "random",
                 "--probability", f"{fraction:.6f}", "-j", "DROP"]  # fmt: skip
-        tools = sorted({"ip6tables" if ":" in a else "iptables" for a in self.addresses})
+        tools = self._filter_tools()
         self.faults["drop_incoming"] = (tools, rule)
         for tool in tools:
             self.inside([tool, "-w", "5", "-I", *rule])
@@ -460,16 +460,16 @@ class Node:
             sh(["ip", "netns", "exec", self.ns, tool, "-w", "5", "-D", *rule], check=check)
         self._offloads_restore(check=check)
 
+    def _filter_tools(self) -> list[str]:
+        """iptables for this node's IPv4 addresses, ip6tables for its IPv6 ones."""
+        return sorted({"ip6tables" if ":" in a else "iptables" for a in self.addresses})
+
     def cut_port(self, port: int = PEER_PORT) -> None:
         """Drop every TCP packet to or from ``port`` on this node, both ways (the sidecars'
         peer port by default: the sidecar is cut off, the job's own traffic is not)."""
         self.uncut_port()
-        rules = [
-            [chain, "-p", "tcp", direction, str(port), "-j", "DROP"]
-            for chain in ("INPUT", "OUTPUT")
-            for direction in ("--dport", "--sport")
-        ]
-        tools = sorted({"ip6tables" if ":" in a else "iptables" for a in self.addresses})
+        rules = netns.port_drop_rules(port)
+        tools = self._filter_tools()
         self.faults["cut_port"] = (tools, rules)
         for tool in tools:
             for rule in rules:

@@ -465,12 +465,7 @@ class SlurmCluster:
 
     def cut_port(self, name: str, port: int, action: str = "-I") -> None:
         """Drop every TCP packet to or from ``port`` on a host (``action="-D"`` undoes it)."""
-        rules = [
-            [chain, "-p", "tcp", direction, str(port), "-j", "DROP"]
-            for chain in ("INPUT", "OUTPUT")
-            for direction in ("--dport", "--sport")
-        ]
-        self._netfilter(name, action, rules)
+        self._netfilter(name, action, netns.port_drop_rules(port))
 
     def vanish(self, name: str) -> None:
         """Make a compute node vanish as a machine that lost power does.

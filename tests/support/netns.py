@@ -142,6 +142,16 @@ def write_hosts(ns: str, text: str) -> None:
         handle.truncate()
 
 
+def port_drop_rules(port: int) -> list[list[str]]:
+    """iptables rules (without the action) that drop every TCP packet to or from ``port``, in
+    and out: a process listening there is cut off, the rest of the host's traffic is not."""
+    return [
+        [chain, "-p", "tcp", direction, str(port), "-j", "DROP"]
+        for chain in ("INPUT", "OUTPUT")
+        for direction in ("--dport", "--sport")
+    ]
+
+
 def host_off_link(ifname: str) -> None:
     """No address of the host on ``ifname`` (IPv6 disabled before it is up): a port only."""
     knob = Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6")
