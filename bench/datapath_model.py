@@ -32,7 +32,8 @@ import sys
 import common
 
 sys.path.insert(0, str(common.REPO / "src"))
-from rallypoint import datapath, links, names
+from rallypoint.core import links, names
+from rallypoint.net import datapath
 from rallypoint.rendezvous import connectivity
 from rallypoint.settings import Settings
 

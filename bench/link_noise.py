@@ -26,7 +26,7 @@ import common
 from time_to_ready import each_cluster
 
 sys.path.insert(0, str(common.REPO / "src"))
-from rallypoint import links
+from rallypoint.core import links
 
 
 def one_run(cluster: Any, timeout_s: float) -> dict[str, Any]:

@@ -19,9 +19,9 @@ import time
 import common
 
 sys.path.insert(0, str(common.REPO / "src"))
-from rallypoint import ports, probe
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
+from rallypoint.net import ports, probe
 
 BATCH = 50
 

@@ -34,7 +34,7 @@ import common
 sys.path.insert(0, str(common.REPO))
 from tests.multihost import harness
 
-from rallypoint import fanout
+from rallypoint.core import fanout
 
 TOKEN = "bench-session-secret"
 MASTER_ARGS = (
@@ -125,7 +125,7 @@ def simulate(
     simulated workers finished, before teardown, and its value is the result's ``after``.
     """
     nnodes = workers + 1
-    # The tree as every node computes it (fanout.py); the second-to-last relay is played by
+    # The tree as every node computes it (core/fanout.py); the second-to-last relay is played by
     # a real sidecar, so a real relay's hop is on the measured path (its group is full).
     group = fanout.group_size(nnodes, None) if tree else 0
     relays = list(fanout.relays(group, nnodes))

@@ -34,10 +34,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from rallypoint import fanout, wire, wirebatch
+from rallypoint import wire
 from rallypoint.auth import Authenticator
+from rallypoint.core import fanout
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.model import Member
+from rallypoint.wire import batch as wirebatch
 
 
 async def http(

@@ -195,7 +195,7 @@ async def fanout_run(n: int) -> dict[str, Any]:
     """N sidecars in one loop: from one node's failure report to the first failure on all."""
     from tests.support.cluster import ready_cluster
 
-    from rallypoint.wirejobs import Report
+    from rallypoint.wire.jobs import Report
 
     settings = {r: {"keepalive_s": 30.0, "probe": False} for r in range(n)}
     async with ready_cluster(n, token="bench-secret", per_node=settings) as c:

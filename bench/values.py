@@ -22,7 +22,7 @@ import common
 
 NODES = 4096
 
-# Runs in the child: only the public functions of wire.py and the value classes, so that it
+# Runs in the child: only the public functions of wire/__init__.py and the value classes, so that it
 # times any checkout whose classes are dataclasses or Structs alike.
 CHILD = """
 import dataclasses, json, sys, timeit

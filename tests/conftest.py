@@ -8,7 +8,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from rallypoint import logs
+from rallypoint.cli import logs
 from tests.support.mdns import loopback_multicast_works
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}

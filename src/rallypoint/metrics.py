@@ -194,7 +194,7 @@ class Metrics:
             "route",
             "result",
         )
-        # -- clocks (clock.py) --
+        # -- clocks (core/clock.py) --
         self.clock_offset = Family(
             "gauge",
             "rallypoint_clock_offset_seconds",

@@ -100,7 +100,7 @@ class DeriveOptions(msgspec.Struct, frozen=True):
 
     nproc_per_node: int = 1
     frameworks: frozenset[str] = DEFAULT_FRAMEWORKS
-    #: TF_CONFIG layout: "workers", "chief", "ps:N", "evaluator" (see tfconfig.py).
+    #: TF_CONFIG layout: "workers", "chief", "ps:N", "evaluator" (see served/tfconfig.py).
     tf_layout: str = "workers"
     #: The master's verified address, served as MASTER_ADDR instead of its name.
     master_ip: str | None = None

@@ -1,4 +1,4 @@
-"""Why a node is not ready: Reason values with stable codes; name reasons are in names.py."""
+"""Why a node is not ready: Reason values with stable codes; name reasons are in core/names.py."""
 
 from __future__ import annotations
 

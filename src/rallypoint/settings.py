@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from rallypoint import names, tfconfig
+from rallypoint.core import names
 from rallypoint.errors import ConfigError
 from rallypoint.model import (
     DEFAULT_FRAMEWORKS,
@@ -19,6 +19,7 @@ from rallypoint.model import (
     DeriveOptions,
     OverrideSource,
 )
+from rallypoint.served import tfconfig
 
 Scope = Literal["auto", "all", "master"]
 MasterAddrMode = Literal["name", "ip"]
@@ -77,7 +78,7 @@ class Settings(msgspec.Struct, frozen=True):
     probe: bool = True
     probe_timeout_s: float = 2.0
     probe_workers: int = 64
-    #: Measure throughput, retransmits and RTT on a ring of links (links.py); the path
+    #: Measure throughput, retransmits and RTT on a ring of links (core/links.py); the path
     #: check (full-size segments on every probed pair) runs whenever probe is on.
     throughput: bool = True
     #: Bytes each way on a measured link, and the most one transfer may take.
@@ -96,7 +97,7 @@ class Settings(msgspec.Struct, frozen=True):
     token: str | None = None  # a secret: left out of repr() (below)
     mdns: bool = True
     mdns_interfaces: tuple[str, ...] = ()  # empty: every interface with an address
-    #: Ranks per relay in the fan-out tree (fanout.py): None automatic, 0 no tree.
+    #: Ranks per relay in the fan-out tree (core/fanout.py): None automatic, 0 no tree.
     relay_group_size: int | None = None
 
     # Logging.

@@ -11,17 +11,19 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
-from rallypoint import derive, netinfo, overrides, ports, providers, resolve, server, tfconfig
+from rallypoint import providers, server
 from rallypoint.auth import Authenticator
-from rallypoint.clock import ClockEstimate
+from rallypoint.core.clock import ClockEstimate
+from rallypoint.core.lifecycle import AsyncResource
 from rallypoint.errors import ClusterSpecError, PortError, TFConfigError
-from rallypoint.lifecycle import AsyncResource
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, OverrideSource, master_ports
-from rallypoint.peerhttp import PeerEndpoint
-from rallypoint.probe import ProbeRoute
+from rallypoint.net import netinfo, ports, resolve
+from rallypoint.net.peerhttp import PeerEndpoint
+from rallypoint.net.probe import ProbeRoute
+from rallypoint.net.resolve import Resolver
 from rallypoint.rendezvous.node import Rendezvous
-from rallypoint.resolve import Resolver
+from rallypoint.served import derive, overrides, tfconfig
 from rallypoint.settings import Settings
 
 if TYPE_CHECKING:
@@ -104,7 +106,7 @@ class Sidecar(AsyncResource):
             )
         user = derive.user_values(self.environ, settings.sets)
         derive.check_values(user)  # a malformed value could never be served: exit 2 now
-        # Signed and checked on the master's clock as measured (clock.py): a worker whose
+        # Signed and checked on the master's clock as measured (core/clock.py): a worker whose
         # clock is off still joins, and is named for it (docs/readiness.md#clocks).
         offsets = ClockEstimate(self._wall_clock, on_change=self.metrics.clock_offset.set)
         auth = Authenticator(settings.token, clock=offsets.now)

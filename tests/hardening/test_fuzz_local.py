@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from rallypoint import render
+from rallypoint.served import render
 from tests.hardening.harness import Node, Records, Reply, assert_clean, fuzz, raw_exchange, request
 
 #: What each local route may answer. 400/414/431 also come from aiohttp's HTTP parser

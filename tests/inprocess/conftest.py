@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from rallypoint import ports
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
+from rallypoint.net import ports
 from rallypoint.rendezvous.node import Rendezvous
 from tests.fakes import FakeResolver
 from tests.support.api import HOSTS, SESSION

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint import client, render
+from rallypoint.cli import client
 from rallypoint.errors import NotReady, RendezvousTimeout, SidecarError, SidecarUnreachable
+from rallypoint.served import render
 from tests.support.cli import rallypoint, run
 from tests.support.localapi import STATUS, VALUES, FakeLocalAPI
 from tests.support.ports import free_port

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint import render
+from rallypoint.served import render
 from tests.support.cli import run
 from tests.support.localapi import VALUES, FakeLocalAPI
 

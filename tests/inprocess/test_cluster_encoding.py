@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from rallypoint import ports, wire
+from rallypoint import wire
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, Member
+from rallypoint.net import ports
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.peer import peer_app
 from tests.fakes import FakeResolver

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from rallypoint import ports, probe
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
+from rallypoint.net import ports, probe
 from tests.conftest import require
 from tests.support.cluster import Cluster, all_ready, codes, moved_on, until
 from tests.support.steered import FAST, Steered, closed_port, start_steered

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from rallypoint import datapath, probe, tcpinfo
 from rallypoint.auth import Authenticator
-from rallypoint.links import LOSSY_SHARE
+from rallypoint.core.links import LOSSY_SHARE
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
-from rallypoint.probe import MAGIC
+from rallypoint.net import datapath, probe, tcpinfo
+from rallypoint.net.probe import MAGIC
 from rallypoint.rendezvous import connectivity
 from tests.support.settings import fast_settings
 

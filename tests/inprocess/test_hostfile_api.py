@@ -8,10 +8,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from rallypoint import ports, wire
+from rallypoint import wire
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
+from rallypoint.net import ports
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.local import local_app
 from rallypoint.server.peer import peer_app

@@ -15,14 +15,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rallypoint import wirealive
-from rallypoint.jobs import JobState
+from rallypoint.core.jobs import JobState
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous.jobwatch import JobWatch
 from rallypoint.rendezvous.keepalive import Keepalive
 from rallypoint.sidecar import Sidecar
-from rallypoint.wirejobs import Report
+from rallypoint.wire import alive
+from rallypoint.wire.jobs import Report
 from tests.support.cluster import Cluster, all_ready, ready_cluster, until
 
 TOKEN = "jobs-test-secret"
@@ -268,6 +268,6 @@ async def test_a_node_stamps_its_own_states_as_the_wire_carries_them() -> None:
     assert watch.book.state(1).since == 1000.123
     # node2's failure 0.3 ms later, as the wire brings it: the tie goes to the lower rank.
     later = JobState(2, "node2", "killed", 999.0, round(1000.1234, 3), signal=6)
-    await watch.from_peer(wirealive.Alive("sess", 2, "node2", job=later), upstream=False)
+    await watch.from_peer(alive.Alive("sess", 2, "node2", job=later), upstream=False)
     first = watch.book.first
     assert first is not None and first.rank == 1

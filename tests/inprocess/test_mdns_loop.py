@@ -14,7 +14,7 @@ from rallypoint.mdns.loop import DiscoveryLoop
 from rallypoint.mdns.txt import Announcement
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec
-from rallypoint.ports import HeldPort
+from rallypoint.net.ports import HeldPort
 from rallypoint.reasons import Reason
 
 SETTLE_S = 0.05

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from rallypoint import netinfo
-from rallypoint.netinfo import local_addresses, parse_if_inet6, parse_ip_addr, route_ifname
+from rallypoint.net import netinfo
+from rallypoint.net.netinfo import local_addresses, parse_if_inet6, parse_ip_addr, route_ifname
 from tests.conftest import require
 
 IF_INET6 = """\

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint import ports
 from rallypoint.errors import PortError
-from rallypoint.ports import HeldPort, Skipped, ephemeral_range, reserve
+from rallypoint.net import ports
+from rallypoint.net.ports import HeldPort, Skipped, ephemeral_range, reserve
 from tests.conftest import require
 from tests.support.tcpstore import run_tcpstore, torch_available
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rallypoint.race import unless_set
+from rallypoint.rendezvous.race import unless_set
 
 
 class Request:

@@ -17,11 +17,12 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
-from rallypoint import netinfo, ports, wire
+from rallypoint import wire
 from rallypoint.auth import Authenticator
+from rallypoint.core.names import Resolution, Verdict, judge_own
 from rallypoint.errors import AuthError, PortError
 from rallypoint.model import ClusterSpec
-from rallypoint.names import Resolution, Verdict, judge_own
+from rallypoint.net import netinfo, ports
 from rallypoint.reasons import auth_reason
 from rallypoint.rendezvous import namecheck as verify
 from rallypoint.sidecar import Sidecar

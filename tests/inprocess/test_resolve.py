@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from rallypoint import resolve
-from rallypoint.names import Resolution, Verdict, is_loopback
-from rallypoint.resolve import SystemResolver, check, verify
+from rallypoint.core.names import Resolution, Verdict, is_loopback
+from rallypoint.net import resolve
+from rallypoint.net.resolve import SystemResolver, check, verify
 from tests.fakes import FakeResolver
 
 # A deadline far enough away that only the test's own asyncio.timeout can end a hang.

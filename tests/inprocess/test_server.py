@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from rallypoint import netinfo, server, wire
+from rallypoint import server, wire
 from rallypoint.auth import Authenticator
 from rallypoint.model import ClusterSpec
+from rallypoint.net import netinfo
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.local import local_app
 from rallypoint.server.peer import PEER_MAX_BYTES, peer_app

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from rallypoint import links, wire
+from rallypoint import wire
+from rallypoint.core import links
 from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.reasons import Reason

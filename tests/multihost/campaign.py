@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rallypoint import fanout
+from rallypoint.core import fanout
 from tests.multihost import clients, harness, history, supervised
 from tests.multihost.history import DOWN, PAUSED, STARTING, UP, Sample, Usage, Violation
 from tests.multihost.supervised import JOB_KINDS, JobFault, JobVerdict, RunLog
@@ -281,7 +281,7 @@ class Campaign:
         return [name for name in self.hosts if name != MASTER]
 
     def relays(self) -> list[str]:
-        """Workers that relay for a non-empty group (fanout.py), by name."""
+        """Workers that relay for a non-empty group (core/fanout.py), by name."""
         size = fanout.group_size(len(self.hosts), self.options.relay_group)
         n = len(self.hosts)
         return [self.ranked[r] for r in fanout.relays(size, n) if fanout.group(r, size, n)]

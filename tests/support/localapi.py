@@ -8,7 +8,7 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from rallypoint import render
+from rallypoint.served import render
 
 VALUES = {
     "MASTER_ADDR": "10.1.2.3",

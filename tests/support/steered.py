@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from rallypoint import probe
+from rallypoint.net import probe
 from tests.support.cluster import Cluster
 
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from rallypoint.backoff import Backoff, Jitter
+from rallypoint.core.backoff import Backoff, Jitter
 
 
 def _delays(backoff: Backoff, n: int, cap_s: float | None = None) -> list[float]:

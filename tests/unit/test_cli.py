@@ -14,9 +14,8 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from rallypoint import logs
 from rallypoint.cli import config as cli_config
-from rallypoint.cli import output
+from rallypoint.cli import logs, output
 from rallypoint.cli import setup as cli_setup
 from rallypoint.cli.commands import app
 from rallypoint.errors import (

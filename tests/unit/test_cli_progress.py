@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from rallypoint import client
-from rallypoint.cli import progress
+from rallypoint.cli import client, progress
 from rallypoint.errors import NotReady, SidecarUnreachable
 
 JOIN = {"code": "waiting_for_join", "message": "1 of 3 nodes have not joined yet: n2"}

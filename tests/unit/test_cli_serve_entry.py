@@ -120,7 +120,7 @@ finally:
     print(json.dumps({"ran": False, "modules": sorted(sys.modules)}))
 """
 #: What only the client commands use: a sidecar's start does not pay for it.
-NOT_FOR_SERVE = ("rallypoint.client", "rallypoint.cli.meshview", "rallypoint.cli.progress")
+NOT_FOR_SERVE = ("rallypoint.cli.client", "rallypoint.cli.meshview", "rallypoint.cli.progress")
 
 
 def _imports(argv: list[str]) -> dict[str, Any]:
@@ -146,4 +146,4 @@ def test_serve_imports_no_client_command_module() -> None:
 def test_the_import_probe_sees_the_client_modules_when_a_client_command_runs() -> None:
     seen = _imports(["status", "--url", "http://127.0.0.1:9", "--json"])
     assert not seen["ran"]
-    assert "rallypoint.client" in seen["modules"]
+    assert "rallypoint.cli.client" in seen["modules"]

@@ -1,4 +1,4 @@
-"""Clock offsets (clock.py) and their wire fields (wireclock.py): arithmetic, parsing, texts."""
+"""Clock offsets (core/clock.py) and their wire fields (wire/stamps.py): arithmetic, texts."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint import clock, wire, wireclock
+from rallypoint import wire
 from rallypoint.auth import NONCE_HEADER, Authenticator
+from rallypoint.core import clock
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.model import ClusterSpec
-from rallypoint.wireclock import ClockFacts, ClockStamp
+from rallypoint.wire import stamps
+from rallypoint.wire.stamps import ClockFacts, ClockStamp
 
 NONCE = "0123456789abcdef0123456789abcdef"
 
@@ -219,9 +221,9 @@ def test_bad_clock_facts_in_a_report_name_the_field(change: dict[str, object], f
 @pytest.mark.parametrize("value", [[], "600", 600, True])
 def test_a_clock_that_is_not_an_object_is_refused(value: object) -> None:
     with pytest.raises(PeerMessageError, match="report: clock must be an object"):
-        wireclock.facts_from(value, "report")
+        stamps.facts_from(value, "report")
     with pytest.raises(PeerMessageError, match="verdict: clock must be an object"):
-        wireclock.stamp_from(value, "verdict")
+        stamps.stamp_from(value, "verdict")
 
 
 JSON = st.recursive(
@@ -240,7 +242,7 @@ FACTS_LIKE = st.fixed_dictionaries(
 @given(STAMP_LIKE | JSON)
 def test_any_stamp_is_a_value_or_a_clear_error(value: object) -> None:
     try:
-        stamp = wireclock.stamp_from(value, "answer")
+        stamp = stamps.stamp_from(value, "answer")
     except PeerMessageError:
         return
     if stamp is not None:
@@ -250,7 +252,7 @@ def test_any_stamp_is_a_value_or_a_clear_error(value: object) -> None:
 @given(FACTS_LIKE | JSON)
 def test_any_clock_facts_are_a_value_or_a_clear_error(value: object) -> None:
     try:
-        facts = wireclock.facts_from(value, "report")
+        facts = stamps.facts_from(value, "report")
     except PeerMessageError:
         return
     if facts is not None:

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint.derive import CONTRACT_KEYS, FRAMEWORK_OF, derive, user_values
 from rallypoint.errors import ConfigError, OverrideError, TFConfigError
 from rallypoint.model import (
     ClusterDoc,
@@ -20,6 +19,7 @@ from rallypoint.model import (
     Override,
     OverrideSource,
 )
+from rallypoint.served.derive import CONTRACT_KEYS, FRAMEWORK_OF, derive, user_values
 
 HOSTS = ("main1", "sub1", "sub2")
 

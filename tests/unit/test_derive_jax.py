@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from rallypoint.derive import CONTRACT_KEYS, FRAMEWORK_OF, derive
 from rallypoint.errors import ConfigError, OverrideError
 from rallypoint.model import (
     DEFAULT_FRAMEWORKS,
@@ -17,6 +16,7 @@ from rallypoint.model import (
     Member,
     OverrideSource,
 )
+from rallypoint.served.derive import CONTRACT_KEYS, FRAMEWORK_OF, derive
 
 HOSTS = ("main1", "sub1", "sub2")
 JAX = frozenset({"jax"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rallypoint import names
+from rallypoint.core import names
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous.peers import PeerTable
 from rallypoint.rendezvous.status import peer_json

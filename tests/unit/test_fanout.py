@@ -1,4 +1,4 @@
-"""fanout.py: every node derives the same tree; each worker has one way to the master."""
+"""core/fanout.py: every node derives the same tree; each worker has one way to the master."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint import fanout
+from rallypoint.core import fanout
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import hostfile
 from rallypoint.errors import ConfigError, HostfileError
+from rallypoint.served import hostfile
 from tests.conftest import require
 
 

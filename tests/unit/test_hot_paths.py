@@ -10,12 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import render, wire, wirefields
+from rallypoint import wire
 from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.rendezvous.masterbook import GZIP_MIN_BYTES, MasterBook
+from rallypoint.served import render
+from rallypoint.wire import fields
 
 TOKEN = "s3cret-token"
 BODY = b'{"members": []}'
@@ -121,9 +123,9 @@ def test_address_fast_path_agrees_with_ipaddress(value: str) -> None:
         expected = None
     if expected is None:
         with pytest.raises(PeerMessageError):
-            wirefields.address(value)
+            fields.address(value)
     else:
-        assert wirefields.address(value) == expected
+        assert fields.address(value) == expected
 
 
 @pytest.mark.parametrize("fmt", render.FORMATS)

@@ -1,4 +1,4 @@
-"""jobs.py and wirejobs.py: the job states, the first failure, exit statuses and their wire form."""
+"""core/jobs.py and wire/jobs.py: job states, the first failure, exit statuses, the wire form."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint import jobs, wirealive, wirejobs
+from rallypoint.core import jobs
+from rallypoint.core.jobs import JobBook, JobState
 from rallypoint.errors import PeerMessageError
-from rallypoint.jobs import JobBook, JobState
+from rallypoint.wire import alive as wirealive
+from rallypoint.wire import jobs as wirejobs
 
 HOSTS = ("main1", "sub1", "sub2", "sub3")
 

@@ -7,6 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.layers import (
+    COMPOSERS,
+    IO_PACKAGES,
+    MAX_TOP_MODULES,
+    PURE_PACKAGES,
+    WINGS,
+    top_modules,
+)
+
 TESTS = Path(__file__).resolve().parents[1]
 TEST_MODULES = sorted(TESTS.rglob("test_*.py"))
 
@@ -116,10 +125,6 @@ def test_no_module_imports_itself_back_through_others() -> None:
 
 # --- the layers of docs/architecture.md, as the folders show them --------------------------
 
-#: The packages that build on the rest; what sits below them imports none of them.
-WINGS = ("cli", "server", "mdns", "providers", "rendezvous")
-#: The top level's modules that compose the wings (or are the entry point).
-COMPOSERS = {"__main__", "sidecar", "client", "demo"}
 ARCHITECTURE = TESTS.parent / "docs" / "architecture.md"
 
 
@@ -137,15 +142,38 @@ def test_every_top_level_module_and_package_has_its_place_in_the_layers_picture(
     assert not missing, f"docs/architecture.md's layers picture does not place {missing}"
 
 
-@pytest.mark.parametrize(
-    "path",
-    sorted(p for p in SRC.glob("*.py") if p.stem not in COMPOSERS),
-    ids=lambda p: p.name,
+BELOW_THE_WINGS = sorted(
+    [p for p in SRC.glob("*.py") if p.stem not in COMPOSERS]
+    + [
+        p
+        for package in PURE_PACKAGES + IO_PACKAGES
+        if package not in WINGS
+        for p in (SRC / package).glob("*.py")
+    ]
 )
-def test_the_core_and_the_io_helpers_import_no_wing(path: Path) -> None:
+
+
+def test_the_floors_below_the_wings_are_scanned() -> None:
+    # The scan must be able to fail: it holds a module of every floor.
+    scanned = {p.parent.name for p in BELOW_THE_WINGS}
+    assert {"rallypoint", "core", "wire", "served", "net"} <= scanned
+
+
+@pytest.mark.parametrize("path", BELOW_THE_WINGS, ids=lambda p: str(p.relative_to(SRC)))
+def test_the_floors_below_the_wings_import_no_wing(path: Path) -> None:
     wings = tuple(f"rallypoint.{wing}" for wing in WINGS)
     found = sorted(m for m in rallypoint_imports(path) if m.startswith(wings))
-    assert not found, f"{path.name} imports {found}: only the wings and sidecar build on them"
+    assert not found, (
+        f"{path.relative_to(SRC)} imports {found}: only the wings and sidecar build on them"
+    )
+
+
+def test_at_most_ten_modules_sit_loose_at_the_top() -> None:
+    loose = top_modules()
+    assert len(loose) <= MAX_TOP_MODULES, (
+        f"{len(loose)} modules at the top of src/rallypoint ({sorted(loose)}): "
+        "move each into the package of its concern (docs/architecture.md)"
+    )
 
 
 @pytest.mark.parametrize("path", sorted((SRC / "rendezvous").glob("*.py")), ids=lambda p: p.name)

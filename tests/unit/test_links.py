@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint import links, tcpinfo, wire
+from rallypoint import wire
+from rallypoint.core import links
+from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
-from rallypoint.links import LinkStat
+from rallypoint.net import tcpinfo
 
 HOSTS = tuple(f"n{r}" for r in range(16))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rallypoint import wirealive
+from rallypoint.core.liveness import Down, Watch, status, warning
 from rallypoint.errors import PeerMessageError
-from rallypoint.liveness import Down, Watch, status, warning
+from rallypoint.wire import alive as wirealive
 
 HOSTS = ("m", "a", "b", "c")
 

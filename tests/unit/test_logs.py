@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from rallypoint import logs
+from rallypoint.cli import logs
 from rallypoint.model import Member
 from rallypoint.rendezvous import master
 

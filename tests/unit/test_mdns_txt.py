@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import names
+from rallypoint.core import names
 from rallypoint.errors import PeerMessageError
 from rallypoint.mdns import txt
 

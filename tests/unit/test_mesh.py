@@ -1,4 +1,4 @@
-"""The mesh view (mesh.py) from reports, and its rendering for `rallypoint status --mesh`."""
+"""The mesh view (core/mesh.py) from reports, and its rendering for `rallypoint status --mesh`."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import mesh, wire
+from rallypoint import wire
 from rallypoint.cli.meshview import format_mesh, mesh_ok
 from rallypoint.cli.status import format_status
+from rallypoint.core import mesh
+from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
-from rallypoint.links import LinkStat
 from rallypoint.reasons import Reason, unreachable_reason
 
 HOSTS = ["main1", "sub1", "sub2", "sub3"]

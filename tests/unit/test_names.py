@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint import links, names
-from rallypoint.names import AUTO_ALL_MAX_NODES, HostProblem, Resolution, Verdict
+from rallypoint.core import links, names
+from rallypoint.core.names import AUTO_ALL_MAX_NODES, HostProblem, Resolution, Verdict
 from rallypoint.settings import Settings
 
 P = HostProblem

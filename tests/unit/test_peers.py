@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from rallypoint.core.names import Resolution, Verdict
 from rallypoint.model import ClusterSpec, Member
-from rallypoint.names import Resolution, Verdict
 from rallypoint.rendezvous.peers import PeerTable
 
 SPEC = ClusterSpec("explicit", ("a0", "a1", "a2"), 0, 3, "sess")

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint.render import FORMATS, dotenv_quote, render
+from rallypoint.served.render import FORMATS, dotenv_quote, render
 from tests.conftest import require
 
 SAMPLE = {

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rallypoint import routes
 from rallypoint.rendezvous.peerapi import PeerApi
 from rallypoint.server.peer import peer_app
+from rallypoint.wire import routes
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 

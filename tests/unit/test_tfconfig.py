@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import names, tfconfig
+from rallypoint.core import names
 from rallypoint.errors import ConfigError, TFConfigError
+from rallypoint.served import tfconfig
 
 A = [f"n{i}:2222" for i in range(6)]
 

@@ -1,4 +1,4 @@
-"""wire.py: peer messages round-trip, and anything else is a PeerMessageError naming the field."""
+"""wire/: peer messages round-trip, and anything else is a PeerMessageError naming the field."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import wire, wirefields
+from rallypoint import wire
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
+from rallypoint.wire import fields
 
 MEMBERS = (
     Member(0, "node0", ("10.0.0.1",), 2222),
@@ -109,12 +110,12 @@ def test_bad_cluster_documents(body: bytes, field: str) -> None:
     [("10.0.0.1", "10.0.0.1"), ("FD00:0:0::2", "fd00::2"), ("::ffff:10.0.0.1", "::ffff:a00:1")],
 )
 def test_addresses_are_canonical(value: str, canonical: str) -> None:
-    assert wirefields.address(value) == canonical
+    assert fields.address(value) == canonical
 
 
 @pytest.mark.parametrize("host", ["node1", "gpu-01.cluster.local", "10.0.0.1", "fd00::1", "a_b"])
 def test_host_names_accepted(host: str) -> None:
-    assert wirefields.host_name(host)
+    assert fields.host_name(host)
 
 
 json_values = st.recursive(

@@ -1,4 +1,4 @@
-"""wirebatch.py: a relay's batches round-trip, and anything else names the item at fault."""
+"""wire/batch.py: a relay's batches round-trip, and anything else names the item at fault."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint import fanout, wire, wirebatch
+from rallypoint import wire
+from rallypoint.core import fanout
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import Member
 from rallypoint.reasons import Reason
+from rallypoint.wire import batch as wirebatch
 
 MEMBERS = (
     Member(4, "node4", ("10.0.0.4",), 2222, None, 7000),

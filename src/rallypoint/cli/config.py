@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rallypoint import settings
-from rallypoint.logs import configure_logging
+from rallypoint.cli.logs import configure_logging
 from rallypoint.settings import Settings
 
 #: Option names whose Settings field counts seconds (the field carries an `_s`).

@@ -1,4 +1,4 @@
-"""`rallypoint status --mesh`: the master's pair matrix (mesh.py) as a person reads it."""
+"""`rallypoint status --mesh`: the master's pair matrix (core/mesh.py) as a person reads it."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
+from rallypoint.cli.logs import one_line
 from rallypoint.errors import ConfigError, RallypointError, RendezvousTimeout
-from rallypoint.logs import one_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130

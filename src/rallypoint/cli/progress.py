@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from rallypoint.client import first_reason
+from rallypoint.cli.client import first_reason
 from rallypoint.errors import NotReady, SidecarUnreachable
 
 log = logging.getLogger(__name__)

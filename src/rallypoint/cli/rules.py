@@ -8,7 +8,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rallypoint import fanout, settings
+from rallypoint import settings
+from rallypoint.core import fanout
 from rallypoint.errors import ConfigError
 
 _UINT = re.compile(r"[0-9]+")

@@ -9,11 +9,11 @@ from typing import Any
 import click
 
 from rallypoint.cli import rules
+from rallypoint.cli.logs import one_line
 from rallypoint.cli.options import format_option, opt, settings_options
 from rallypoint.cli.output import Command, emit
 from rallypoint.cli.setup import setup
 from rallypoint.errors import ConfigError
-from rallypoint.logs import one_line
 from rallypoint.settings import Settings
 
 
@@ -41,8 +41,9 @@ def run_sidecar(settings: Settings, environ: dict[str, str]) -> None:
 def derive(ctx: click.Context, /, fmt: str, **_: Any) -> None:
     """Offline: print what this environment would produce, without any network."""
     settings, environ = setup(ctx)
-    from rallypoint import derive as derivation
-    from rallypoint import providers, render
+    from rallypoint import providers
+    from rallypoint.served import derive as derivation
+    from rallypoint.served import render
 
     spec = providers.detect(environ, settings.provider)
     user = derivation.user_values(environ, settings.sets)
@@ -89,7 +90,7 @@ def demo(ctx: click.Context, /, nodes: int, **_: Any) -> None:
 
     import msgspec
 
-    from rallypoint import demo as demonstration
+    from rallypoint.cli import demo as demonstration
 
     if settings.token is None:
         # Sign the demo's peer traffic with a throwaway secret: it shows the real setup.

@@ -37,6 +37,6 @@ def base_url(ctx: click.Context, settings: Settings) -> str:
             at = where(ctx, "url", "--url", "RALLYPOINT_URL")
             raise ConfigError(f"{at} {url!r} is not an http URL: use e.g. http://127.0.0.1:7780")
         return str(url).rstrip("/")
-    from rallypoint import client
+    from rallypoint.cli import client
 
     return client.local_url(settings.local_hosts[0], settings.local_port)

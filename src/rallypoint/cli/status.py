@@ -56,7 +56,7 @@ def status(
 ) -> None:
     """The cluster as this sidecar sees it; exit 1 when not ready."""
     settings, _environ = setup(ctx)
-    from rallypoint import client
+    from rallypoint.cli import client
 
     if mesh:
         from rallypoint.cli.meshview import format_mesh, mesh_ok

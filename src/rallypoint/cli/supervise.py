@@ -13,7 +13,7 @@ from rallypoint.cli.options import client_options, opt, quiet_option, wait_timeo
 from rallypoint.cli.output import Command
 from rallypoint.cli.setup import base_url, setup
 from rallypoint.cli.waiting import served_env
-from rallypoint.jobs import LOST_EXIT_CODE
+from rallypoint.core.jobs import LOST_EXIT_CODE
 
 #: Seconds between SIGTERM and SIGKILL: long enough for a trainer's exit handlers and a
 #: process group's data-loader workers, short against a scheduler's own kill timeout

@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from rallypoint import client, jobs, wirejobs
+from rallypoint.cli import client
+from rallypoint.core import jobs
 from rallypoint.errors import RallypointError
+from rallypoint.wire import jobs as wirejobs
 
 #: The signals `run` passes on to the job's process group.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)

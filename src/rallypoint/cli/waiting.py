@@ -73,7 +73,7 @@ def wait(
     body = _wait(ctx, settings, fmt, timeout)
     files: list[tuple[str, str, str]] = []
     if hostfile is not None:
-        from rallypoint import client
+        from rallypoint.cli import client
 
         text = client.fetch_hostfile(base_url(ctx, settings), wait_s=min(timeout or 30.0, 30.0))
         files.append((hostfile, text, targets["hostfile"][1]))
@@ -94,7 +94,7 @@ def wait(
 
 
 def _wait(ctx: click.Context, settings: Settings, fmt: str, timeout: float) -> str:
-    from rallypoint import client
+    from rallypoint.cli import client
 
     url = base_url(ctx, settings)
     progress = None if ctx.params.get("quiet") else _progress(settings, url)
@@ -133,8 +133,7 @@ def served_env(ctx: click.Context, settings: Settings, timeout: float) -> dict[s
 def _progress(settings: Settings, url: str) -> Progress:
     import shutil
 
-    from rallypoint import client
-    from rallypoint.cli import progress
+    from rallypoint.cli import client, progress
 
     def fetch_status() -> dict[str, object] | None:
         try:
@@ -162,7 +161,7 @@ def _progress(settings: Settings, url: str) -> Progress:
 def env(ctx: click.Context, /, fmt: str, **_: Any) -> None:
     """Print the env now; exit 1 with the reasons when the sidecar is not ready."""
     settings, _environ = setup(ctx)
-    from rallypoint import client
+    from rallypoint.cli import client
 
     emit(client.fetch_env(base_url(ctx, settings), fmt))
 
@@ -180,7 +179,7 @@ def env(ctx: click.Context, /, fmt: str, **_: Any) -> None:
 def check(ctx: click.Context, /, timeout: float, **_: Any) -> None:
     """Exit 0 when the local sidecar is ready, 1 otherwise (a HEALTHCHECK without curl)."""
     settings, _environ = setup(ctx)
-    from rallypoint import client
+    from rallypoint.cli import client
 
     client.readyz(base_url(ctx, settings), timeout_s=timeout)
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from msgspec.structs import replace
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
-from rallypoint.lifecycle import AsyncResource
+from rallypoint.core.lifecycle import AsyncResource
 from rallypoint.mdns import txt
 from rallypoint.mdns.browse import BAD_SIGNATURE, UNKNOWN_HOST, WRONG_SESSION, Browser
 from rallypoint.mdns.interfaces import open_zeroconf, resolve_interfaces

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from rallypoint.mdns.txt import Announcement
     from rallypoint.metrics import Metrics
     from rallypoint.model import ClusterDoc, ClusterSpec
-    from rallypoint.ports import HeldPort
+    from rallypoint.net.ports import HeldPort
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from rallypoint import names
+from rallypoint.core import names
 from rallypoint.errors import PeerMessageError
 
 #: The DNS-SD service type every rallypoint node announces (RFC 6763 section 7).

@@ -7,10 +7,10 @@ import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 
-from rallypoint import names
+from rallypoint.core import names
+from rallypoint.core.names import HostProblem
 from rallypoint.errors import ClusterSpecError
 from rallypoint.model import ClusterSpec
-from rallypoint.names import HostProblem
 
 #: Largest cluster any provider accepts; also caps hostlist expansion (memory bombs).
 MAX_NODES = 65536

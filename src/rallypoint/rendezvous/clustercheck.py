@@ -17,14 +17,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from rallypoint import wire
-from rallypoint.backoff import Backoff
+from rallypoint.core.backoff import Backoff
+from rallypoint.core.links import LinkStat
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
-from rallypoint.links import LinkStat
 from rallypoint.model import ClusterDoc, ClusterSpec
-from rallypoint.peerhttp import PeerClient
-from rallypoint.race import unless_set
+from rallypoint.net.peerhttp import PeerClient
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.masterbook import MasterBook, stale_generation
+from rallypoint.rendezvous.race import unless_set
 from rallypoint.settings import Settings
 
 log = logging.getLogger("rallypoint.rendezvous")
@@ -125,7 +125,7 @@ class GenerationCheck:
             Reason("verifying", f"checking peer names for generation {doc.generation}")
         ]
         self.passed = False
-        #: The links this node measured for this generation (links.py), as reported.
+        #: The links this node measured for this generation (core/links.py), as reported.
         self.links: tuple[LinkStat, ...] = ()
         self.verdict: wire.Verdict | None = None
         self.problem: Reason | None = None

@@ -9,7 +9,7 @@ What is tried, for one cluster document (docs/readiness.md, "Connections"):
   ephemeral range where gloo and NCCL listen, so a firewall that opens only the peer API
   port fails the check as it would fail the job;
 * with TF_CONFIG served, every node reaches each peer's TF worker port the same way;
-* on the probe port, data crosses both ways (datapath.py): PATH_BYTES on every pair, so
+* on the probe port, data crosses both ways (net/datapath.py): PATH_BYTES on every pair, so
   that full-size segments must pass (a stall is searched for the packet size that does
   pass: ``path_mtu``), and enough on the links of links.measured_peers to measure their
   throughput, retransmits and RTT.
@@ -28,13 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from rallypoint import datapath, links, names, probe
 from rallypoint.auth import Authenticator
-from rallypoint.backoff import Backoff
+from rallypoint.core import links, names
+from rallypoint.core.backoff import Backoff
 from rallypoint.errors import PortError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec
-from rallypoint.ports import HeldPort
+from rallypoint.net import datapath, probe
+from rallypoint.net.ports import HeldPort
 from rallypoint.reasons import (
     Reason,
     path_mtu_reason,

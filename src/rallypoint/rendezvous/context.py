@@ -11,10 +11,10 @@ import msgspec
 if TYPE_CHECKING:
     from rallypoint.metrics import Metrics
     from rallypoint.model import ClusterSpec
-    from rallypoint.peerhttp import PeerClient, PeerEndpoint
+    from rallypoint.net.peerhttp import PeerClient, PeerEndpoint
+    from rallypoint.net.resolve import Resolver
     from rallypoint.rendezvous.peers import PeerTable
     from rallypoint.rendezvous.readiness import Readiness
-    from rallypoint.resolve import Resolver
     from rallypoint.settings import Settings
 
 

@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from rallypoint import fanout, jobs, wirealive
-from rallypoint.jobs import JobBook, JobState
-from rallypoint.liveness import Down
+from rallypoint.core import fanout, jobs
+from rallypoint.core.jobs import JobBook, JobState
+from rallypoint.core.liveness import Down
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
-from rallypoint.wirejobs import Report
+from rallypoint.wire import alive as wirealive
+from rallypoint.wire.jobs import Report
 
 log = logging.getLogger("rallypoint.rendezvous")
 

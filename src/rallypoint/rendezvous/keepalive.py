@@ -6,7 +6,7 @@ fails it), and a relay passes on how long ago it heard each member of its group.
 master handles O(N) small requests per interval without a tree, O(N / group) with one. The
 master checks a rank that went silent itself (a keep-alive of its own), which tells why:
 refused, timed out or unreachable. Every answer names what its sender finds down, so each
-node learns within an interval what the master found (liveness.py). What is served does not
+node learns within an interval what the master found (core/liveness.py). What is served does not
 change: the job owns what happens next (docs/readiness.md "After ready").
 
 The keep-alives also carry the supervised job's states and its first failure (jobwatch.py):
@@ -21,12 +21,14 @@ import asyncio
 import contextlib
 import logging
 
-from rallypoint import fanout, names, resolve, wirealive
+from rallypoint.core import fanout, names
+from rallypoint.core.jobs import JobState
+from rallypoint.core.liveness import Down, Watch, warning
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
-from rallypoint.jobs import JobState
-from rallypoint.liveness import Down, Watch, warning
+from rallypoint.net import resolve
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.jobwatch import JobWatch
+from rallypoint.wire import alive as wirealive
 
 log = logging.getLogger("rallypoint.rendezvous")
 

@@ -7,14 +7,17 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from rallypoint import fanout, names, resolve, wire, wirebatch
-from rallypoint.clock import refused_reason
+from rallypoint import wire
+from rallypoint.core import fanout, names
+from rallypoint.core.clock import refused_reason
 from rallypoint.errors import JoinRejected, PeerDown
 from rallypoint.model import ClusterDoc, Member
+from rallypoint.net import resolve
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.clustercheck import answer_reports, local_transport
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.masterbook import MasterBook
+from rallypoint.wire import batch as wirebatch
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")

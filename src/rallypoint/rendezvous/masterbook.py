@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from rallypoint import links, wire
-from rallypoint.clock import CLOCK_WARN_S, warning
+from rallypoint import wire
+from rallypoint.core import links
+from rallypoint.core.clock import CLOCK_WARN_S, warning
 from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, ClusterSpec, Member
 from rallypoint.reasons import Reason

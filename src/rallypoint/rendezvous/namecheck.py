@@ -8,12 +8,15 @@ from collections.abc import Callable, Mapping
 
 import msgspec
 
-from rallypoint import derive, names, netinfo, resolve, wire
+from rallypoint import wire
+from rallypoint.core import names
+from rallypoint.core.names import Resolution
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.model import ClusterDoc, Env, Member, OverrideSource
-from rallypoint.names import Resolution
+from rallypoint.net import netinfo, resolve
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.context import NodeContext
+from rallypoint.served import derive
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")

@@ -21,14 +21,16 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from rallypoint import fanout, liveness, probe, wirefields
 from rallypoint.auth import Authenticator
-from rallypoint.clock import ClockEstimate, with_facts
-from rallypoint.lifecycle import AsyncResource
+from rallypoint.core import fanout, liveness
+from rallypoint.core.clock import ClockEstimate, with_facts
+from rallypoint.core.lifecycle import AsyncResource
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSource
-from rallypoint.peerhttp import PeerClient, PeerEndpoint
-from rallypoint.ports import HeldPort
+from rallypoint.net import probe
+from rallypoint.net.peerhttp import PeerClient, PeerEndpoint
+from rallypoint.net.ports import HeldPort
+from rallypoint.net.resolve import Resolver
 from rallypoint.reasons import Reason, discovering_reason
 from rallypoint.rendezvous import connectivity, status
 from rallypoint.rendezvous.clustercheck import (
@@ -48,8 +50,8 @@ from rallypoint.rendezvous.readiness import Readiness
 from rallypoint.rendezvous.relay import Relay
 from rallypoint.rendezvous.verification import Verification
 from rallypoint.rendezvous.worker import Worker
-from rallypoint.resolve import Resolver
 from rallypoint.settings import Settings
+from rallypoint.wire import fields
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ class Rendezvous(AsyncResource):
         )
         self.book: MasterBook | None = None
         self.master: Master | None = None
-        #: This node's group service when it relays for a group of ranks (fanout.py).
+        #: This node's group service when it relays for a group of ranks (core/fanout.py).
         self.relay: Relay | None = None
         self.verification: Verification | None = None
         #: After ready, the keep-alives that name a peer gone (None: --keepalive 0).
@@ -123,7 +125,7 @@ class Rendezvous(AsyncResource):
             "job": self.job_status,
         }
         self.poked = asyncio.Event()
-        #: This node's clock offset to the master (clock.py); the Authenticator's clock.
+        #: This node's clock offset to the master (core/clock.py); the Authenticator's clock.
         self.offsets = offsets or ClockEstimate(time.time, on_change=metrics.clock_offset.set)
         self.status_sections["clock"] = self.offsets.status
         self.peer_client = PeerClient(
@@ -303,7 +305,7 @@ class Rendezvous(AsyncResource):
         return Member(
             rank=self.spec.rank,
             host=self.spec.host,
-            addresses=tuple(dict.fromkeys(wirefields.address(a) for a in self.addresses)),
+            addresses=tuple(dict.fromkeys(fields.address(a) for a in self.addresses)),
             tf_port=None if tf is None else tf.port,
             jax_port=None if jax is None else jax.port,
             probe_port=None if probe_port is None or not self.settings.probe else probe_port.port,

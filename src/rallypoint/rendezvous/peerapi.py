@@ -1,5 +1,5 @@
 """The peer API's requests on one node: who serves what, and the answers (server/peer.py
-dispatches each route of routes.py to the method its row names).
+dispatches each route of wire/routes.py to the method its row names).
 
 A worker asked what only the master serves says so (409 ``not_master``); a node still in
 mDNS discovery answers 503 ``discovering``; a relay serves its group's joins, documents and
@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol, overload
 
-from rallypoint import wire, wirealive, wirebatch
+from rallypoint import wire
 from rallypoint.auth import Authenticator
-from rallypoint.clock import ClockEstimate, sender_host
+from rallypoint.core.clock import ClockEstimate, sender_host
 from rallypoint.errors import AuthError, JoinRejected, MeshUnavailable, PeerDown, PeerMessageError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec
-from rallypoint.peerhttp import PeerClient
+from rallypoint.net.peerhttp import PeerClient
 from rallypoint.rendezvous import status
 from rallypoint.rendezvous.keepalive import Keepalive
 from rallypoint.rendezvous.master import Master
@@ -27,6 +27,8 @@ from rallypoint.rendezvous.readiness import Readiness
 from rallypoint.rendezvous.relay import Relay
 from rallypoint.rendezvous.verification import Verification
 from rallypoint.settings import Settings
+from rallypoint.wire import alive as wirealive
+from rallypoint.wire import batch as wirebatch
 
 
 class ServingNode(Protocol):
@@ -156,7 +158,7 @@ class PeerApi:
         )
 
     async def mesh(self) -> dict[str, object]:
-        """The mesh (mesh.py): the master's own view; elsewhere asked of the master (or relay).
+        """The mesh (core/mesh.py): the master's own view; elsewhere asked of the master (or relay).
 
         MeshUnavailable before this node reached its master (409) or when the ask fails (502).
         """

@@ -6,8 +6,8 @@ from collections.abc import ItemsView, Iterable, Sequence, ValuesView
 
 import msgspec
 
+from rallypoint.core.names import Resolution
 from rallypoint.model import ClusterSpec, Member
-from rallypoint.names import Resolution
 
 
 class PeerState(msgspec.Struct):

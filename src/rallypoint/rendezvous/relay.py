@@ -16,14 +16,17 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-from rallypoint import fanout, routes, wire, wirebatch
-from rallypoint.backoff import Backoff
+from rallypoint import wire
+from rallypoint.core import fanout
+from rallypoint.core.backoff import Backoff
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc, Member
-from rallypoint.race import unless_set
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.masterbook import EncodedDoc, stale_generation, wait_until
-from rallypoint.wirefields import dump
+from rallypoint.rendezvous.race import unless_set
+from rallypoint.wire import batch as wirebatch
+from rallypoint.wire import routes
+from rallypoint.wire.fields import dump
 
 log = logging.getLogger("rallypoint.rendezvous")
 

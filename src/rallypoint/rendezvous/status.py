@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from rallypoint import mesh, names, wire
+from rallypoint import wire
+from rallypoint.core import mesh, names
 from rallypoint.model import ClusterSpec, OverrideSource
-from rallypoint.ports import HeldPort
+from rallypoint.net.ports import HeldPort
 from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.rendezvous.peers import PeerState, PeerTable
 from rallypoint.rendezvous.readiness import Readiness
@@ -161,7 +162,7 @@ def _cluster(book: MasterBook) -> list[dict[str, object]]:
 
 
 def _clock(report: wire.Report) -> dict[str, object]:
-    """A node's clock against the master's, as its report gave it (clock.py)."""
+    """A node's clock against the master's, as its report gave it (core/clock.py)."""
     facts = report.clock
     return {
         "clock_offset_s": None if facts is None else round(facts.offset_s, 6),
@@ -171,7 +172,7 @@ def _clock(report: wire.Report) -> dict[str, object]:
 
 
 def mesh_view(book: MasterBook, settings: Settings) -> dict[str, object]:
-    """The master's mesh of the current generation (mesh.py), for GET /mesh and /v1/mesh."""
+    """The master's mesh of the current generation (core/mesh.py), for GET /mesh and /v1/mesh."""
     spec, doc = book.spec, book.doc
     return mesh.view(
         hosts=spec.hosts,

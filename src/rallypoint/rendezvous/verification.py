@@ -12,10 +12,10 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from rallypoint import wire
-from rallypoint.backoff import Backoff
+from rallypoint.core.backoff import Backoff
+from rallypoint.core.names import Resolution
 from rallypoint.model import ClusterDoc, Env, OverrideSource
-from rallypoint.names import Resolution
-from rallypoint.probe import Outcome
+from rallypoint.net.probe import Outcome
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous import connectivity
 from rallypoint.rendezvous.clustercheck import GenerationCheck, Transport, cancel_quietly

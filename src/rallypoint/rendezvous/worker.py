@@ -7,14 +7,16 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from rallypoint import fanout, names, resolve, wire
-from rallypoint.backoff import Backoff
-from rallypoint.clock import skew_reason
+from rallypoint import wire
+from rallypoint.core import fanout, names
+from rallypoint.core.backoff import Backoff
+from rallypoint.core.clock import skew_reason
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc, Member
-from rallypoint.race import unless_set
+from rallypoint.net import resolve
 from rallypoint.reasons import Reason, auth_reason
 from rallypoint.rendezvous.context import NodeContext
+from rallypoint.rendezvous.race import unless_set
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
@@ -67,7 +69,7 @@ class Worker:
         relay = fanout.relay_of(
             spec.rank, fanout.group_size(spec.nnodes, ctx.settings.relay_group_size)
         )
-        #: The relay this worker joins through first (fanout.py), None: the master directly.
+        #: The relay this worker joins through first (core/fanout.py), None: the master directly.
         self.relay = None if relay is None else spec.hosts[relay]
         #: Set when the relay failed us: join the master directly until the next poke.
         self._skip_relay = False
@@ -257,7 +259,7 @@ class Worker:
 
     def _auth_reason(self, exc: AuthError) -> Reason:
         """auth_failed, or clock_skew when the master's message or ours was refused for its
-        timestamp alone (the client already corrected and retried once, clock.py)."""
+        timestamp alone (the client already corrected and retried once, core/clock.py)."""
         master = self.ctx.spec.master
         if exc.skew_s is None:
             return Reason("auth_failed", str(exc), host=master)

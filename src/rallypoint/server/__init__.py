@@ -16,8 +16,8 @@ import logging
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from rallypoint.core.lifecycle import AsyncResource
 from rallypoint.errors import PortError
-from rallypoint.lifecycle import AsyncResource
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.common import log
 from rallypoint.server.local import local_app

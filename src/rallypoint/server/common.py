@@ -13,8 +13,8 @@ from rallypoint.auth import NONCE_HEADER
 from rallypoint.errors import AuthError, JoinRejected, PeerMessageError
 from rallypoint.reasons import auth_reason
 from rallypoint.rendezvous.node import Rendezvous
-from rallypoint.wireclock import stamp_json
-from rallypoint.wirefields import dump
+from rallypoint.wire.fields import dump
+from rallypoint.wire.stamps import stamp_json
 
 # The server logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.server")

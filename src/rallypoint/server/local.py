@@ -7,13 +7,14 @@ import math
 
 from aiohttp import web
 
-from rallypoint import hostfile, render, wirejobs
 from rallypoint.errors import HostfileError, MeshUnavailable
 from rallypoint.model import Env
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.node import Rendezvous
+from rallypoint.served import hostfile, render
 from rallypoint.server.common import NO_STORE, NODE, api_app, error_response, single_query
 from rallypoint.server.scrape import metrics
+from rallypoint.wire import jobs as wirejobs
 
 #: Requests to the local API carry no body.
 LOCAL_MAX_BYTES = 1024
@@ -135,7 +136,7 @@ async def _status(request: web.Request) -> web.Response:
 
 
 async def _mesh(request: web.Request) -> web.Response:
-    """The mesh (mesh.py): the master's view, which any other node asks the master for."""
+    """The mesh (core/mesh.py): the master's view, which any other node asks the master for."""
     node = request.app[NODE]
     try:
         view = await node.peer_api.mesh()

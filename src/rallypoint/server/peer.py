@@ -1,4 +1,4 @@
-"""The peer API, registered from the route table (routes.py); signed with a token."""
+"""The peer API, registered from the route table (wire/routes.py); signed with a token."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from rallypoint import routes, wire, wirefields
+from rallypoint import wire
 from rallypoint.auth import NONCE_HEADER
 from rallypoint.errors import MeshUnavailable
 from rallypoint.reasons import Reason
@@ -24,7 +24,8 @@ from rallypoint.server.common import (
     log,
     single_query,
 )
-from rallypoint.wireclock import ClockStamp
+from rallypoint.wire import fields, routes
+from rallypoint.wire.stamps import ClockStamp
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TASK = web.AppKey("rendezvous_task", asyncio.Task[None])
@@ -135,7 +136,7 @@ async def _cluster(request: web.Request) -> web.Response:
     after = params.get("after")
     node.auth.verify(routes.CLUSTER.signed_as(after), b"", request.headers)
     if after is not None:
-        wirefields.generation(after, "after")
+        fields.generation(after, "after")
     doc = await node.peer_api.handle_cluster(after)
     if doc is None:
         return web.Response(status=204, headers=NO_STORE)
@@ -168,7 +169,7 @@ async def _mesh(request: web.Request) -> web.Response:
         view = await node.peer_api.mesh()
     except MeshUnavailable as exc:
         return error_response(exc.status, str(exc), "no_master")
-    return _signed(node, routes.MESH.answered_as, wirefields.dump(view))
+    return _signed(node, routes.MESH.answered_as, fields.dump(view))
 
 
 def _stamp(request: web.Request, received: float) -> ClockStamp | None:

@@ -15,7 +15,7 @@ import msgspec
 from rallypoint import wire
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import Member
-from rallypoint.wirefields import MAX_NODES, boolean, dump, generation, integer, load, session
+from rallypoint.wire.fields import MAX_NODES, boolean, dump, generation, integer, load, session
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 Both ends are driven by it: the server (server/peer.py) registers each row and, for a
 message route, reads the body, checks its signature over "METHOD PATH", parses it, hands it
 to the node's handler, stamps the answer with this node's clock where the row says so, and
-signs it; the client (peerhttp.py) signs the request the same way, reads at most the row's
+signs it; the client (net/peerhttp.py) signs the request the same way, reads at most the row's
 answer limit, checks the answer's signature and status, takes its clock sample and parses
 it. A new message is one row here and one handler on the node (rendezvous/node.py).
 
@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rallypoint import mesh, wire, wirealive, wirebatch, wirefields
+from rallypoint import wire
+from rallypoint.core import mesh
+from rallypoint.wire import alive, batch, fields
 
 #: Which of the client's deadlines a route's request runs under: one exchange
 #: (``--resolve-timeout``), a long-poll (``--long-poll`` plus one exchange), twice an
@@ -76,7 +78,7 @@ JOIN = Route(
 )  # fmt: skip
 #: A relay's batch of its group's joins, to the master.
 JOINS = Route(
-    "POST", "/v1/joins", "handle_joins", wirebatch.parse_join_batch, wire.encode_join_answer,
+    "POST", "/v1/joins", "handle_joins", batch.parse_join_batch, wire.encode_join_answer,
     wire.parse_join_answer, wire.MAX_JOIN_BYTES, "exchange", stamped=True,
     served_by="master",
 )  # fmt: skip
@@ -104,19 +106,19 @@ REPORT = Route(
 )  # fmt: skip
 #: A relay's batch of its group's reports, a long-poll like REPORT.
 REPORTS = Route(
-    "POST", "/v1/reports", "handle_reports", wirebatch.parse_report_batch, wire.encode_verdict,
+    "POST", "/v1/reports", "handle_reports", batch.parse_report_batch, wire.encode_verdict,
     wire.parse_verdict, wire.MAX_REPORT_BYTES, "long_poll", stamped=True,
     served_by="master",
 )  # fmt: skip
 #: A keep-alive after ready, carrying the supervised job's states both ways.
 ALIVE = Route(
-    "POST", "/v1/alive", "handle_alive", wirealive.parse_alive, wirealive.encode_answer,
-    wirealive.parse_answer, wirealive.MAX_ANSWER_BYTES, "caller",
+    "POST", "/v1/alive", "handle_alive", alive.parse_alive, alive.encode_answer,
+    alive.parse_answer, alive.MAX_ANSWER_BYTES, "caller",
     served_by="every node, after its first ready (or once its `run` reported)",
 )  # fmt: skip
 #: The master's mesh view (a relay asks its master).
 MESH = Route(
-    "GET", "/v1/mesh", "mesh", None, wirefields.dump, mesh.parse, mesh.MAX_BYTES, "two_exchanges",
+    "GET", "/v1/mesh", "mesh", None, fields.dump, mesh.parse, mesh.MAX_BYTES, "two_exchanges",
     served_by="master, or a relay (which asks its master)",
 )  # fmt: skip
 

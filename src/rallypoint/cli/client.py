@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
-from rallypoint.backoff import Backoff
+from rallypoint.core.backoff import Backoff
 from rallypoint.errors import (
     HostfileError,
     NotReady,

@@ -15,7 +15,7 @@ import re
 import msgspec
 
 from rallypoint.errors import PeerMessageError
-from rallypoint.wirefields import number
+from rallypoint.wire.fields import number
 
 #: Largest Unix timestamp accepted (auth.py's timestamps have at most 12 digits).
 MAX_TIMESTAMP = 1e12

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from rallypoint import tcpinfo
+from rallypoint.net import tcpinfo
 
 #: What every probed pair moves each way: far more than a few full-size segments.
 PATH_BYTES = 64 * 1024

@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from rallypoint import names, wire
+from rallypoint import wire
+from rallypoint.core import names
 from rallypoint.errors import PeerMessageError
 from rallypoint.reasons import Reason
-from rallypoint.wirefields import load
+from rallypoint.wire.fields import load
 
 #: The largest mesh answer a node takes from its master (GET /v1/mesh).
 MAX_BYTES = 4 * 1024 * 1024

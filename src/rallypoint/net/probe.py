@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from rallypoint import datapath
 from rallypoint.auth import Authenticator
-from rallypoint.links import LinkStat
+from rallypoint.core.links import LinkStat
 from rallypoint.metrics import Metrics
+from rallypoint.net import datapath
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Outcome(msgspec.Struct, frozen=True):
     """One probe's result. ``cause`` is stable: ok, timeout, refused, reset, no_route,
     foreign_answer (something that is not a sidecar of the session answered), wrong_peer
     (another node of the session answered), stalled (answered, then data stopped: see
-    datapath.py), or error."""
+    net/datapath.py), or error."""
 
     cause: str
     detail: str

@@ -3,7 +3,7 @@
 `rallypoint run` reports its job's start and end to its sidecar; the sidecars carry the
 states on their keep-alives (rendezvous/jobwatch.py). Each node keeps a `JobBook`: the last
 known state of every node's job, and every failure it heard of. The first failure is the
-earliest one by the master's clock (every node's stamps are corrected to it, clock.py), so
+earliest one by the master's clock (every node's stamps are corrected to it, core/clock.py), so
 every node that heard of the same failures names the same first one.
 
 A failure is a job that ended non-zero or by a signal, a node whose `run` was stopped from

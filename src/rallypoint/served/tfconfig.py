@@ -22,7 +22,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
-from rallypoint import names
+from rallypoint.core import names
 from rallypoint.errors import ConfigError, TFConfigError
 
 #: Job names TensorFlow's distribution strategies understand (multi_worker_util).

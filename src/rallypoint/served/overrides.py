@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from rallypoint import names, tfconfig
+from rallypoint.core import names
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.model import OverrideSource
+from rallypoint.served import tfconfig
 
 #: Set per process by torchrun (or the user's launcher) when a node runs several processes.
 PER_PROCESS_KEYS = ("RANK", "WORLD_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "JAX_PROCESS_ID")

@@ -1,4 +1,4 @@
-"""The HTTP client side of the peer API, driven by the route table (routes.py)."""
+"""The HTTP client side of the peer API, driven by the route table (wire/routes.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from typing import Any, cast
 import aiohttp
 import msgspec
 
-from rallypoint import clock, routes, wire, wirealive, wireclock
+from rallypoint import wire
 from rallypoint.auth import NONCE_HEADER, Authenticator
+from rallypoint.core import clock
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc
+from rallypoint.wire import alive, routes, stamps
 
 log = logging.getLogger("rallypoint.rendezvous")
 
@@ -26,7 +28,7 @@ PeerEndpoint = Callable[[str, str], tuple[str, int]]
 
 
 class Exchange(msgspec.Struct, frozen=True):
-    """One request's clock readings on this node (t1 and t4 of clock.py) and its nonce."""
+    """One request's clock readings on this node (t1 and t4 of core/clock.py) and its nonce."""
 
     sent: float
     received: float
@@ -38,7 +40,7 @@ class PeerClient:
 
     Every answer that carries the answering node's clock is a sample for ``offsets``; a
     request refused for its timestamp alone is sent once more on the corrected clock when
-    the refusal proves itself (clock.py, docs/readiness.md#clocks). ``exchange_s`` bounds
+    the refusal proves itself (core/clock.py, docs/readiness.md#clocks). ``exchange_s`` bounds
     one exchange (and every connect), ``long_poll_s`` how long a long-poll may be held.
     """
 
@@ -161,7 +163,7 @@ class PeerClient:
         return None if answer is None else cast(ClusterDoc, answer[0])
 
     async def get_mesh(self, target: tuple[str, int]) -> dict[str, object]:
-        """GET /v1/mesh: the master's mesh view (mesh.py), through a relay in a tree."""
+        """GET /v1/mesh: the master's mesh view (core/mesh.py), through a relay in a tree."""
         answer = await self.call(routes.MESH, target)
         if answer is None:
             raise PeerMessageError("GET /v1/mesh answered 204 without a mesh")
@@ -169,13 +171,13 @@ class PeerClient:
 
     async def post_alive(
         self, target: tuple[str, int], body: bytes, timeout_s: float
-    ) -> wirealive.AliveAnswer:
+    ) -> alive.AliveAnswer:
         """POST /v1/alive, a keep-alive, within ``timeout_s`` (the connect too)."""
         answer = await self.call(
             routes.ALIVE, target, body, timeout_s=timeout_s, connect_s=timeout_s
         )
         assert answer is not None
-        return cast(wirealive.AliveAnswer, answer[0])
+        return cast(alive.AliveAnswer, answer[0])
 
     async def post_poke(self, target: tuple[str, int], body: bytes, timeout_s: float) -> bool:
         """POST /v1/poke; whether the worker took it, PeerDown when it was not reached."""
@@ -238,10 +240,10 @@ class PeerClient:
             raise _refusal(status, payload)
         self.auth.verify(f"200 {path}", payload, headers)
 
-    # -- clock offsets (clock.py) ------------------------------------------------------------
+    # -- clock offsets (core/clock.py) ------------------------------------------------------------
 
     def _observe(
-        self, exchange: Exchange, stamp: wireclock.ClockStamp | None, *, restart: bool = False
+        self, exchange: Exchange, stamp: stamps.ClockStamp | None, *, restart: bool = False
     ) -> bool:
         """Take the sample an authentic answer's stamp gives; whether it was taken.
 
@@ -289,7 +291,7 @@ class PeerClient:
             return False
         try:
             data = json.loads(payload)
-            stamp = wireclock.stamp_from(
+            stamp = stamps.stamp_from(
                 data.get("clock") if isinstance(data, dict) else None, "answer"
             )
         except (ValueError, RecursionError, PeerMessageError):
@@ -349,7 +351,7 @@ def _refusal(status: int, payload: bytes) -> Exception:
 def _finite(value: object) -> float | None:
     """A JSON number that is a sensible clock skew, else None."""
     try:
-        return wireclock.seconds(value, "skew_s", -wireclock.MAX_OFFSET_S)
+        return stamps.seconds(value, "skew_s", -stamps.MAX_OFFSET_S)
     except PeerMessageError:
         return None
 

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from rallypoint import names
+from rallypoint.core import names
 from rallypoint.errors import PeerMessageError
 from rallypoint.reasons import Reason
 

@@ -23,7 +23,7 @@ import msgspec
 from rallypoint import wire
 from rallypoint.model import ClusterSpec
 from rallypoint.reasons import Reason
-from rallypoint.wireclock import ClockFacts, ClockStamp
+from rallypoint.wire.stamps import ClockFacts, ClockStamp
 
 #: Samples kept; the estimate is the one among them with the lowest round trip.
 SAMPLES_KEPT = 8

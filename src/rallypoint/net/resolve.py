@@ -1,4 +1,4 @@
-"""Look names up the way torch and NCCL do (getaddrinfo), within deadlines; names.py judges."""
+"""Look names up the way torch and NCCL do (getaddrinfo), within deadlines; core/names.py judges."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from rallypoint import names
-from rallypoint.backoff import Backoff
-from rallypoint.lifecycle import AsyncResource
-from rallypoint.names import Resolution, Verdict
+from rallypoint.core import names
+from rallypoint.core.backoff import Backoff
+from rallypoint.core.lifecycle import AsyncResource
+from rallypoint.core.names import Resolution, Verdict
 
 
 class Resolver(Protocol):

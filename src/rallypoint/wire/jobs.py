@@ -1,7 +1,7 @@
 """Pure codec of the supervised job's states: on the keep-alives, and from `run` to its sidecar.
 
 A state travels as a JSON object (jobs.JobState's fields). Peer messages carry them on
-POST /v1/alive and its answer (wirealive.py); `rallypoint run` reports its own job to the
+POST /v1/alive and its answer (wire/alive.py); `rallypoint run` reports its own job to the
 local API's POST /job. Both are untrusted input, checked field by field.
 """
 
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import msgspec
 
+from rallypoint.core.jobs import REPORTED, STATES, JobState
 from rallypoint.errors import PeerMessageError
-from rallypoint.jobs import REPORTED, STATES, JobState
-from rallypoint.wirefields import MAX_NODES, dump, host_name, integer, load, number
+from rallypoint.wire.fields import MAX_NODES, dump, host_name, integer, load, number
 
 #: Longest detail carried (a lost node's cause), in characters.
 MAX_DETAIL = 300

@@ -13,20 +13,11 @@ from __future__ import annotations
 
 import msgspec
 
-from rallypoint import wirejobs
+from rallypoint.core.jobs import STATES, JobState
+from rallypoint.core.liveness import CAUSES, Down
 from rallypoint.errors import PeerMessageError
-from rallypoint.jobs import STATES, JobState
-from rallypoint.liveness import CAUSES, Down
-from rallypoint.wirefields import (
-    MAX_NODES,
-    TOKEN,
-    dump,
-    host_name,
-    integer,
-    load,
-    number,
-    session,
-)
+from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire.fields import MAX_NODES, TOKEN, dump, host_name, integer, load, number, session
 
 #: Largest keep-alive accepted: a relay's group (fanout.MAX_GROUP) of ages and job states fits
 #: several times.

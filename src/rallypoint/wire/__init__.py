@@ -3,7 +3,7 @@
 Everything a peer sends is untrusted input. Each parser checks the size first, then the
 JSON shape, then every field, and returns a frozen value or raises PeerMessageError naming
 the field at fault; it never returns a half-validated value. The rules for single fields are
-in wirefields.py.
+in wire/fields.py.
 """
 
 from __future__ import annotations
@@ -12,21 +12,13 @@ from collections.abc import Mapping
 
 import msgspec
 
+from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
-from rallypoint.links import LinkStat
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
-from rallypoint.wireclock import (
-    ClockFacts,
-    ClockStamp,
-    facts_from,
-    facts_json,
-    stamp_from,
-    stamp_json,
-)
 
 # Part of this module's contract: the APIs apply the same rules to query strings and addresses.
-from rallypoint.wirefields import (
+from rallypoint.wire.fields import (
     MAX_NODES,
     TOKEN,
     address,
@@ -39,6 +31,14 @@ from rallypoint.wirefields import (
     number,
     reasons,
     session,
+)
+from rallypoint.wire.stamps import (
+    ClockFacts,
+    ClockStamp,
+    facts_from,
+    facts_json,
+    stamp_from,
+    stamp_json,
 )
 
 #: Largest join or poke body accepted (a join carries at most MAX_ADDRESSES addresses).
@@ -66,7 +66,7 @@ class JoinAnswer(msgspec.Struct, frozen=True):
     generation: str | None
     joined: int
     nnodes: int
-    #: The answering node's clock (wireclock.py); absent from older masters.
+    #: The answering node's clock (wire/stamps.py); absent from older masters.
     clock: ClockStamp | None = None
 
 
@@ -224,7 +224,7 @@ class Report(msgspec.Struct, frozen=True):
     seen: int = -1
     #: The links this node measured (links.measured_peers), once its probes ran.
     links: tuple[LinkStat, ...] = ()
-    #: The node's measured clock offset to the master (wireclock.py), if any.
+    #: The node's measured clock offset to the master (wire/stamps.py), if any.
     clock: ClockFacts | None = None
 
 
@@ -240,7 +240,7 @@ class Verdict(msgspec.Struct, frozen=True):
     failures: tuple[Reason, ...] = ()
     failure_count: int = 0
     warnings: tuple[str, ...] = ()
-    #: The answering node's clock, stamped per answer (wireclock.py).
+    #: The answering node's clock, stamped per answer (wire/stamps.py).
     clock: ClockStamp | None = None
 
 

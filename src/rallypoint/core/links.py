@@ -1,6 +1,6 @@
 """Pure: which links each node measures, and what the cluster's measurements say.
 
-Every probed pair moves full-size segments both ways (the path check, probe.py); a few
+Every probed pair moves full-size segments both ways (the path check, net/probe.py); a few
 links per node also move enough data to measure throughput. The measured links are a ring
 over rank order plus a second ring with a stride of about sqrt(N) (all pairs up to
 ALL_PAIRS_MAX nodes): 2N links at most, so the cost grows linearly with N, and every node

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rallypoint import overrides, tfconfig
 from rallypoint.errors import ConfigError, OverrideError, TFConfigError
 from rallypoint.model import (
     DEFAULT_JAX_PORT,
@@ -41,6 +40,7 @@ from rallypoint.model import (
     OverrideSource,
     master_ports,
 )
+from rallypoint.served import overrides, tfconfig
 
 #: Every variable that may ever be served, in the order it is served.
 CONTRACT_KEYS: tuple[str, ...] = (

@@ -5,7 +5,7 @@ first. getaddrinfo sorts answers by RFC 6724, so the loopback one may well be wh
 tries first, and a client that walks the list connects to itself before it reaches the real
 address. A LOOPBACK peer name is fatal unless loopback is accepted (single-node and demo runs,
 where every node shares this host); this node's own name is judged by :func:`judge_own`
-(see docs/loopback.md). resolve.py does the lookups; everything decided about them is here.
+(see docs/loopback.md). net/resolve.py does the lookups; everything decided about them is here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 import msgspec
 
-from rallypoint.links import measured_peers
+from rallypoint.core.links import measured_peers
 from rallypoint.reasons import Reason
 
 #: Sessions up to this many nodes verify every name under scope "auto".

@@ -1,0 +1,1 @@
+"""The network floor: name lookups, held ports, the connection and data-path probes, peer calls."""

@@ -1,0 +1,1 @@
+"""What is served (pure): the env, TF_CONFIG, the user's overrides, output formats, the hostfile."""
