@@ -23,10 +23,6 @@ class OverrideError(ConfigError):
     """Raised when a user-set value (environment or --set) fails validation."""
 
 
-class ResolveError(RallypointError):
-    """Raised when a peer's host name does not resolve to a usable address in time."""
-
-
 class PortError(RallypointError):
     """Raised when no port can be reserved and held."""
 

@@ -1,4 +1,4 @@
-"""Slurm hostlist expansion and collapse: tables plus round-trip properties."""
+"""Slurm hostlist expansion: tables plus properties of generated ranges."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rallypoint.errors import ClusterSpecError
-from rallypoint.providers.hostlist import collapse, expand
+from rallypoint.providers.hostlist import expand
 
 
 @pytest.mark.parametrize(
@@ -69,22 +69,6 @@ def test_limit_is_configurable() -> None:
         expand("n[1-10]", limit=9)
 
 
-@pytest.mark.parametrize(
-    ("hosts", "expression"),
-    [
-        (["gpu01", "gpu02", "gpu03", "gpu04", "gpu07", "login1"], "gpu[01-04,07],login1"),
-        (["n9", "n10"], "n[9-10]"),
-        (["n09", "n10"], "n[09-10]"),
-        (["n1", "n01"], "n[1,01]"),
-        (["a", "b1"], "a,b1"),
-        (["n3", "n2", "n1"], "n[3,2,1]"),
-        ([], ""),
-    ],
-)
-def test_collapse(hosts: list[str], expression: str) -> None:
-    assert collapse(hosts) == expression
-
-
 prefixes = st.from_regex(r"[a-z][a-z0-9-]{0,6}[a-z-]", fullmatch=True)
 
 
@@ -103,21 +87,3 @@ def test_generated_ranges_expand_to_their_numbers(
     expression = f"{prefix}[{lo:0{width}d}-{hi:0{width}d}]{suffix}"
     expected = [f"{prefix}{n:0{width}d}{suffix}" for n in range(lo, hi + 1)]
     assert expand(expression) == expected
-    assert expand(collapse(expected)) == expected
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.tuples(prefixes, st.integers(0, 300), st.integers(1, 4)).map(
-            lambda t: f"{t[0]}{t[1]:0{t[2]}d}"
-        )
-        | prefixes,
-        max_size=40,
-    )
-)
-def test_collapse_round_trips(hosts: list[str]) -> None:
-    expression = collapse(hosts)
-    if hosts:
-        assert expand(expression) == hosts
-        assert len(expression) <= len(",".join(hosts))

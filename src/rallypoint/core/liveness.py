@@ -114,11 +114,6 @@ class Watch:
         if rank in self._heard:
             self._failure[rank] = (cause if cause in CAUSES else "failed", detail)
 
-    def silent_s(self, rank: int) -> float | None:
-        """Seconds since ``rank`` was last heard; None when it is not watched."""
-        last = self._heard.get(rank)
-        return None if last is None else self._clock() - last
-
     def ages(self, ranks: Iterable[int]) -> list[tuple[int, float]]:
         """(rank, seconds since heard) of the watched ``ranks``: what a relay passes on."""
         now = self._clock()

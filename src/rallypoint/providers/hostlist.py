@@ -1,4 +1,4 @@
-"""Slurm hostlist expressions: expand ``gpu[01-04,07],login1`` and collapse back, purely."""
+"""Slurm hostlist expressions: expand ``gpu[01-04,07],login1``, purely."""
 
 from __future__ import annotations
 
@@ -42,52 +42,6 @@ def expand(
             )
         hosts.extend(_generate(segments))
     return hosts
-
-
-def collapse(hosts: Sequence[str]) -> str:
-    """A hostlist expression that expand() turns back into exactly hosts, order included.
-
-    Meant for host names (no brackets or commas); consecutive numbers sharing a prefix and
-    a zero-padding width become one range.
-    """
-    items: list[str] = []
-    index = 0
-    while index < len(hosts):
-        parts = _numbered(hosts[index])
-        if parts is None:
-            items.append(hosts[index])
-            index += 1
-            continue
-        prefix = parts[0]
-        ranges: list[str] = []
-        # Gather the run of following hosts that share this prefix and end in a number.
-        while index < len(hosts):
-            parts = _numbered(hosts[index])
-            if parts is None or parts[0] != prefix:
-                break
-            first = last = parts[1]
-            index += 1
-            while index < len(hosts):
-                following = _numbered(hosts[index])
-                expected = f"{int(last) + 1:0{len(first)}d}"
-                if following != (prefix, expected):
-                    break
-                last = expected
-                index += 1
-            ranges.append(first if last == first else f"{first}-{last}")
-        if len(ranges) == 1 and "-" not in ranges[0]:
-            items.append(prefix + ranges[0])
-        else:
-            items.append(f"{prefix}[{','.join(ranges)}]")
-    return ",".join(items)
-
-
-def _numbered(host: str) -> tuple[str, str] | None:
-    """(prefix, trailing number) of host, or None when it ends in no (short enough) number."""
-    match = _TRAILING_DIGITS.fullmatch(host)
-    if match is None or len(match.group(2)) > _MAX_DIGITS:
-        return None
-    return match.group(1), match.group(2)
 
 
 def _split_top_level(expression: str, variable: str) -> list[str]:

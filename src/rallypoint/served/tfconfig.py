@@ -28,9 +28,6 @@ from rallypoint.errors import ConfigError, TFConfigError
 #: Job names TensorFlow's distribution strategies understand (multi_worker_util).
 JOBS = ("chief", "worker", "ps", "evaluator")
 
-#: Layout names accepted by build(); "ps:N" takes a count.
-LAYOUTS = ("workers", "chief", "ps:N", "evaluator")
-
 # Top-level keys TFConfigClusterResolver reads as strings besides cluster and task.
 _STRING_KEYS = ("rpc_layer", "environment", "session_master")
 
