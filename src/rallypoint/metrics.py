@@ -116,46 +116,75 @@ class Metrics:
 
     def __init__(self) -> None:
         # Full metric names stay spelled out, so a dashboard's name greps to its definition.
-        def counter(name: str, description: str, *labels: str) -> Family:
-            return Family("counter", name, description, *labels)
+        # Definition order is exposition order (see _families), so the builders run in order.
+        self._add_rendezvous_families()
+        self._add_probe_families()
+        self._add_liveness_families()
+        self._request_children: dict[tuple[str, str, int], Sample] = {}
+        # Read at scrape time; the sidecar points them at its Mdns and its node.
+        #: mDNS rejections by reason.
+        self.mdns_rejections: Callable[[], Mapping[str, int]] = dict
+        #: The codes of the reasons this node is not ready for (none when ready).
+        self.not_ready_codes: Callable[[], Iterable[str]] = tuple
+        #: The codes of the slow and lossy links (or nodes) the master names (the master).
+        self.link_warning_codes: Callable[[], Iterable[str]] = tuple
+        self._registry: CollectorRegistry | None = None
 
+    def _add_rendezvous_families(self) -> None:
+        """Readiness, joins, resolutions, pokes and the HTTP API."""
         self.ready = Family("gauge", "rallypoint_ready", "1 when /env serves, else 0")
-        self.ready_transitions = counter(
-            "rallypoint_ready_transitions", "Readiness changes, by new state", "to"
+        self.ready_transitions = Family(
+            "counter", "rallypoint_ready_transitions", "Readiness changes, by new state", "to"
         )
-        self.generation_changes = counter(
-            "rallypoint_generation_changes", "Cluster documents with a new generation acted on"
+        self.generation_changes = Family(
+            "counter",
+            "rallypoint_generation_changes",
+            "Cluster documents with a new generation acted on",
         )
-        self.joins = counter(
-            "rallypoint_joins", "Join requests answered (master), by result", "result"
+        self.joins = Family(
+            "counter", "rallypoint_joins", "Join requests answered (master), by result", "result"
         )
-        self.join_attempts = counter(
-            "rallypoint_join_attempts", "Join attempts made (worker), by result", "result"
+        self.join_attempts = Family(
+            "counter",
+            "rallypoint_join_attempts",
+            "Join attempts made (worker), by result",
+            "result",
         )
-        self.auth_failures = counter(
-            "rallypoint_auth_failures", "Peer messages rejected by authentication", "reason"
+        self.auth_failures = Family(
+            "counter",
+            "rallypoint_auth_failures",
+            "Peer messages rejected by authentication",
+            "reason",
         )
-        self.resolutions = counter(
-            "rallypoint_resolutions", "Host name resolutions, by verdict", "verdict"
+        self.resolutions = Family(
+            "counter", "rallypoint_resolutions", "Host name resolutions, by verdict", "verdict"
         )
-        self.requests = counter(
-            "rallypoint_http_requests", "HTTP requests served", "api", "route", "status"
+        self.requests = Family(
+            "counter", "rallypoint_http_requests", "HTTP requests served", "api", "route", "status"
         )
-        self.pokes_received = counter("rallypoint_pokes_received", "Pokes accepted from the master")
-        self.pokes_sent = counter(
-            "rallypoint_pokes_sent", "Pokes sent to workers, by result", "result"
+        self.pokes_received = Family(
+            "counter", "rallypoint_pokes_received", "Pokes accepted from the master"
         )
-        self.mdns_wakeups = counter(
+        self.pokes_sent = Family(
+            "counter", "rallypoint_pokes_sent", "Pokes sent to workers, by result", "result"
+        )
+        self.mdns_wakeups = Family(
+            "counter",
             "rallypoint_mdns_wakeups",
             "Join backoffs cut short because mDNS showed the master start or change generation",
         )
-        self.probes_sent = counter(
+
+    def _add_probe_families(self) -> None:
+        """The data-path checks: probes, measured links and relayed batches."""
+        self.probes_sent = Family(
+            "counter",
             "rallypoint_probes_sent",
             "Connection probes made to peers' ports, by kind and cause (ok, timeout ...)",
             "kind",
             "cause",
         )
-        self.probes_answered = counter(
+        self.probes_answered = Family(
+            "counter",
             "rallypoint_probes_answered",
             "Connections to this node's probe windows, by result (answered, garbage ...)",
             "result",
@@ -182,25 +211,28 @@ class Metrics:
             "Smoothed RTT of each link this node measured (TCP_INFO), by peer",
             "peer",
         )
-        self.probe_bytes = counter(
+        self.probe_bytes = Family(
+            "counter",
             "rallypoint_probe_bytes",
             "Bytes the data-path checks moved, both ends, by direction (sent, received)",
             "direction",
         )
-        self.relay_batches = counter(
+        self.relay_batches = Family(
+            "counter",
             "rallypoint_relay_batches",
             "Batches a relay sent the master, by route and result (accepted, a refusal's code, "
             "unreachable, interrupted)",
             "route",
             "result",
         )
-        # -- clocks (core/clock.py) --
+
+    def _add_liveness_families(self) -> None:
+        """Clocks (core/clock.py), keep-alives (keepalive.py) and the job (jobwatch.py)."""
         self.clock_offset = Family(
             "gauge",
             "rallypoint_clock_offset_seconds",
             "This node's clock minus the master's, as last measured (0 on the master)",
         )
-        # -- liveness after ready (rendezvous/keepalive.py) --
         self.peer_up = Family(
             "gauge",
             "rallypoint_peer_up",
@@ -211,7 +243,6 @@ class Metrics:
         self.peers_down = Family(
             "gauge", "rallypoint_peers_down", "How many peers this node names down right now"
         )
-        # -- the supervised job (rendezvous/jobwatch.py) --
         self.jobs = Family(
             "gauge",
             "rallypoint_jobs",
@@ -219,22 +250,14 @@ class Metrics:
             "node knows them",
             "state",
         )
-        self.job_failures = counter(
+        self.job_failures = Family(
+            "counter",
             "rallypoint_job_failures",
             "Job failures this node heard of, by cause (exited, killed, terminated, lost)",
             "cause",
         )
         for cause in JOB_FAILURE_CAUSES:
             self.job_failures.labels(cause)
-        self._request_children: dict[tuple[str, str, int], Sample] = {}
-        # Read at scrape time; the sidecar points them at its Mdns and its node.
-        #: mDNS rejections by reason.
-        self.mdns_rejections: Callable[[], Mapping[str, int]] = dict
-        #: The codes of the reasons this node is not ready for (none when ready).
-        self.not_ready_codes: Callable[[], Iterable[str]] = tuple
-        #: The codes of the slow and lossy links (or nodes) the master names (the master).
-        self.link_warning_codes: Callable[[], Iterable[str]] = tuple
-        self._registry: CollectorRegistry | None = None
 
     @property
     def registry(self) -> CollectorRegistry:

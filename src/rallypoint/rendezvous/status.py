@@ -34,8 +34,6 @@ def document(
     sections: Mapping[str, Callable[[], object]],
 ) -> dict[str, object]:
     """The whole picture for /status."""
-    env = readiness.env
-    overrides = [] if env is None else env.overrides
     doc = None if verification is None else verification.doc
     net = wire.NetFacts() if verification is None else verification.net
     out: dict[str, object] = {
@@ -43,48 +41,20 @@ def document(
         "reasons": [r.as_json() for r in readiness.reasons()],
         "generation": None if doc is None else doc.generation,
         "role": _role(spec),
-        "spec": {
-            "provider": spec.provider,
-            "session": spec.session,
-            "hosts": list(spec.hosts),
-            "rank": spec.rank,
-            "nnodes": spec.nnodes,
-            "master": spec.master if spec.hosts else None,
-            "preferred_port": spec.preferred_port,
-            "loopback_ok": spec.loopback_ok,
-            "facts": dict(spec.facts),
-        },
+        "spec": _spec(spec),
         "peers": [peer_json(p) for p in peers.values()],
-        "overrides": [
-            {"key": o.key, "value": o.value, "derived": o.derived, "source": o.source}
-            for o in overrides
-        ],
+        "overrides": _overrides(readiness),
         "user_values": sorted(user),
         "warnings": readiness.warnings(),
         "env_waiters": readiness.env_waiters,
         "master_problem": None
         if readiness.master_problem is None
         else readiness.master_problem.as_json(),
-        "ports": {
-            name: {
-                "port": port.port,
-                "held": port.held,
-                "skipped": [{"port": s.port, "reason": s.reason} for s in port.skipped],
-            }
-            for name, port in held.items()
-        },
+        "ports": _ports(held),
         "auth": {"enabled": auth_enabled},
-        "network": {
-            "route_ifname": net.ifname,
-            "mtu": net.mtu,
-            "rdma_devices": net.rdma,
-        },
+        "network": {"route_ifname": net.ifname, "mtu": net.mtu, "rdma_devices": net.rdma},
         "checks": _checks(settings, verification),
-        "timings": {
-            "uptime_s": round_s(readiness.uptime_s),
-            "ready_after_s": round_s(readiness.ready_after_s),
-            "deadline_s": settings.deadline_s,
-        },
+        "timings": _timings(settings, readiness),
     }
     if book is not None:
         out["cluster"] = _cluster(book)
@@ -96,6 +66,51 @@ def document(
         except Exception as exc:
             out[name] = {"error": str(exc)}
     return out
+
+
+def _spec(spec: ClusterSpec) -> dict[str, object]:
+    """The cluster spec this node works from (no master while discovering)."""
+    return {
+        "provider": spec.provider,
+        "session": spec.session,
+        "hosts": list(spec.hosts),
+        "rank": spec.rank,
+        "nnodes": spec.nnodes,
+        "master": spec.master if spec.hosts else None,
+        "preferred_port": spec.preferred_port,
+        "loopback_ok": spec.loopback_ok,
+        "facts": dict(spec.facts),
+    }
+
+
+def _overrides(readiness: Readiness) -> list[dict[str, object]]:
+    """The environment overrides of the rendered env (none before it is rendered)."""
+    env = readiness.env
+    overrides = [] if env is None else env.overrides
+    return [
+        {"key": o.key, "value": o.value, "derived": o.derived, "source": o.source}
+        for o in overrides
+    ]
+
+
+def _ports(held: Mapping[str, HeldPort]) -> dict[str, object]:
+    """Each port this node holds, by name, with the ports it skipped and why."""
+    return {
+        name: {
+            "port": port.port,
+            "held": port.held,
+            "skipped": [{"port": s.port, "reason": s.reason} for s in port.skipped],
+        }
+        for name, port in held.items()
+    }
+
+
+def _timings(settings: Settings, readiness: Readiness) -> dict[str, object]:
+    return {
+        "uptime_s": round_s(readiness.uptime_s),
+        "ready_after_s": round_s(readiness.ready_after_s),
+        "deadline_s": settings.deadline_s,
+    }
 
 
 def peer_json(peer: PeerState) -> dict[str, object]:
