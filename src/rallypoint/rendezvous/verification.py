@@ -130,6 +130,30 @@ class Verification:
     async def _verify_and_derive(self, doc: ClusterDoc) -> None:
         """Names, env, connections, then the master's cluster-wide verdict: ready."""
         windows = self.windows
+        check = self._new_check(doc, windows)
+        early: dict[connectivity.Target, Probing] = {}
+        self._early = (check, early)
+        if windows is not None:
+            await windows.open()  # after a ready generation they were closed
+        follow = asyncio.create_task(check.follow())
+        probes: asyncio.Task[None] | None = None
+        try:
+            env = await self._names_and_env(doc, check, early)
+            probes = self._try_connections(doc, check, early)
+            verdict = await follow
+            self.ctx.readiness.verify_warnings += list(verdict.warnings)
+            if windows is not None:
+                # Before ready: the job's own listeners must find the held ports free to bind.
+                await windows.close()
+            self.ctx.readiness.become_ready(env, doc.generation)
+            self._announce(doc)
+        finally:
+            _cancel(early)
+            await cancel_quietly(probes)
+            await cancel_quietly(follow)
+
+    def _new_check(self, doc: ClusterDoc, windows: connectivity.Windows | None) -> GenerationCheck:
+        """The checks of ``doc`` and the master's verdict on them, now the current ones."""
         check = GenerationCheck(
             self.ctx.readiness,
             self.ctx.spec,
@@ -141,57 +165,47 @@ class Verification:
             rng=self.ctx.rng,
         )
         self.check = check
-        early: dict[connectivity.Target, Probing] = {}
-        self._early = (check, early)
-        if windows is not None:
-            await windows.open()  # after a ready generation they were closed
-        follow = asyncio.create_task(check.follow())
-        probes: asyncio.Task[None] | None = None
+        return check
+
+    async def _names_and_env(
+        self, doc: ClusterDoc, check: GenerationCheck, early: dict[connectivity.Target, Probing]
+    ) -> Env:
+        """Check the names and derive the env until both pass, reporting each failure."""
         # A steady pause between half and all of RECHECK_S, so nodes do not judge in lockstep.
         recheck = Backoff(RECHECK_S, RECHECK_S, jitter="half", rng=self.ctx.rng)
-        try:
-            while True:
-                _cancel(early)
-                checked = await self._names.check(doc)
-                log.debug("names_checked", extra={"failures": len(checked.failures)})
-                self.ctx.readiness.verify_warnings = [checked.warning] if checked.warning else []
-                self.net = check.net = checked.net
-                outcome: Env | Reason = (
-                    checked.failures[0] if checked.failures else self._names.derive(doc, checked)
-                )
-                if not isinstance(outcome, Reason):
-                    break
-                # Tell the master (every node shows it), then judge again after a pause: a
-                # fixed /etc/hosts entry or a late DNS record turns the cluster ready
-                # without a restart (a poke or a re-join retries at once).
-                check.update(checked.failures or [outcome])
-                await check.reported(self.ctx.settings.resolve_timeout_s)
-                self._announce(doc)
-                await recheck.sleep()
-            if self._prober is not None:
-                targets = self._targets(doc)
-                check.update(
-                    [Reason("verifying", f"trying {len(targets)} connections the job will make")]
-                )
-                prober = self._prober
-                probes = asyncio.create_task(
-                    prober.run(targets, lambda failed: self._probed(check, failed), started=early)
-                )
-            else:
-                check.update([], passed=True)
-                if self.book is not None:
-                    self._announce(doc)
-            verdict = await follow
-            self.ctx.readiness.verify_warnings += list(verdict.warnings)
-            if windows is not None:
-                # Before ready: the job's own listeners must find the held ports free to bind.
-                await windows.close()
-            self.ctx.readiness.become_ready(outcome, doc.generation)
-            self._announce(doc)
-        finally:
+        while True:
             _cancel(early)
-            await cancel_quietly(probes)
-            await cancel_quietly(follow)
+            checked = await self._names.check(doc)
+            log.debug("names_checked", extra={"failures": len(checked.failures)})
+            self.ctx.readiness.verify_warnings = [checked.warning] if checked.warning else []
+            self.net = check.net = checked.net
+            outcome: Env | Reason = (
+                checked.failures[0] if checked.failures else self._names.derive(doc, checked)
+            )
+            if not isinstance(outcome, Reason):
+                return outcome
+            # Tell the master (every node shows it), then judge again after a pause: a
+            # fixed /etc/hosts entry or a late DNS record turns the cluster ready
+            # without a restart (a poke or a re-join retries at once).
+            check.update(checked.failures or [outcome])
+            await check.reported(self.ctx.settings.resolve_timeout_s)
+            self._announce(doc)
+            await recheck.sleep()
+
+    def _try_connections(
+        self, doc: ClusterDoc, check: GenerationCheck, early: dict[connectivity.Target, Probing]
+    ) -> asyncio.Task[None] | None:
+        """Start trying the connections the job will make; with no prober, this node passed."""
+        if self._prober is None:
+            check.update([], passed=True)
+            if self.book is not None:
+                self._announce(doc)
+            return None
+        targets = self._targets(doc)
+        check.update([Reason("verifying", f"trying {len(targets)} connections the job will make")])
+        return asyncio.create_task(
+            self._prober.run(targets, lambda failed: self._probed(check, failed), started=early)
+        )
 
     def _probed(self, check: GenerationCheck, failed: list[Reason]) -> None:
         """A round of probes ended: show and report what failed, or that this node passed."""

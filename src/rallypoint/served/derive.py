@@ -27,6 +27,7 @@ of JAX_COORDINATOR_ADDRESS follows MASTER_ADDR; its port is the coordinator's ow
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from rallypoint.errors import ConfigError, OverrideError, TFConfigError
 from rallypoint.model import (
@@ -135,22 +136,64 @@ def check_values(user: Mapping[str, tuple[str, OverrideSource]]) -> None:
         overrides.check_value(key, value, source)
 
 
+class _Facts(NamedTuple):
+    """The node count, node rank and processes per node served (nproc None: a word, as auto)."""
+
+    nnodes: int
+    node_rank: int
+    nproc: int | None
+
+
 def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) -> Env:
     """Return the env for this node; doc None means offline (preferred ports, not reserved)."""
     _check_inputs(spec, doc, options)
-    nproc_default = options.nproc_per_node
-    frameworks = options.frameworks
-    user = dict(options.user)
-    for key in user:
-        if key not in CONTRACT_KEYS:
-            raise OverrideError(
-                f"{overrides.show(key)} is not a contract variable and is never served"
-            )
+    user = options.user
+    derived, jax_port = _derived(spec, doc, options)
+    check_values(user)
+    served = {key for key in user if _framework_on(key, options.frameworks)}
+    warnings = _unserved_warnings(user, served)
+    mine = {key: value for key, value in user.items() if key in served}
+    facts = _facts(spec, mine, options.nproc_per_node)
+    values = _apply_user(derived, mine, facts, jax_port)
+    overrides.check_consistency(mine, values, facts.nnodes, facts.node_rank, facts.nproc)
+    ordered = tuple(
+        (key, values[key])
+        for key in CONTRACT_KEYS
+        if key in values and _framework_on(key, options.frameworks)
+    )
+    return Env(
+        values=ordered,
+        overrides=_overridden(mine, derived),
+        warnings=warnings,
+        reserved=doc is not None,
+    )
 
-    # 1. What rallypoint itself would serve, before any user value.
+
+def _derived(
+    spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions
+) -> tuple[dict[str, str], int | None]:
+    """What rallypoint itself would serve, before any user value, and the JAX coordinator port."""
     master_addr = options.master_ip or (doc.master_host if doc else spec.master)
+    derived = _base_values(spec, doc, options, master_addr)
+    jax_port: int | None = None
+    if "jax" in options.frameworks:
+        required = "JAX_COORDINATOR_ADDRESS" not in options.user
+        jax_values, jax_port = _jax_values(spec, doc, options, master_addr, required=required)
+        derived.update(jax_values)
+    if "tf" in options.frameworks:
+        tf_derived = _tf_config(spec, doc, options, required="TF_CONFIG" not in options.user)
+        if tf_derived is not None:
+            derived["TF_CONFIG"] = tf_derived
+    return derived, jax_port
+
+
+def _base_values(
+    spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions, master_addr: str
+) -> dict[str, str]:
+    """The master, the node counts and ranks, the generation and the interfaces."""
+    nproc = options.nproc_per_node
     master_port = _master_port(spec, doc, options)
-    derived: dict[str, str] = {
+    values: dict[str, str] = {
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
         "NNODES": str(spec.nnodes),
@@ -159,48 +202,58 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
         "PET_NODE_RANK": str(spec.rank),
         "PET_MASTER_ADDR": master_addr,
         "PET_MASTER_PORT": str(master_port),
-        "PET_NPROC_PER_NODE": str(nproc_default),
-        "WORLD_SIZE": str(spec.nnodes * nproc_default),
+        "PET_NPROC_PER_NODE": str(nproc),
+        "WORLD_SIZE": str(spec.nnodes * nproc),
         "RALLYPOINT_GENERATION": doc.generation if doc else OFFLINE_GENERATION,
     }
-    if nproc_default == 1:
-        derived.update(RANK=str(spec.rank), WORLD_RANK=str(spec.rank))
-        derived.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    if nproc == 1:
+        values.update(RANK=str(spec.rank), WORLD_RANK=str(spec.rank))
+        values.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     if options.ifname:
-        derived["GLOO_SOCKET_IFNAME"] = options.ifname
+        values["GLOO_SOCKET_IFNAME"] = options.ifname
         if options.nccl_ifname:
-            derived["NCCL_SOCKET_IFNAME"] = options.ifname
-    jax_port: int | None = None
-    if "jax" in frameworks:
-        jax_port = _jax_port(doc, options, required="JAX_COORDINATOR_ADDRESS" not in user)
-        derived.update(JAX_NUM_PROCESSES=str(spec.nnodes * nproc_default))
-        if jax_port is not None:
-            derived["JAX_COORDINATOR_ADDRESS"] = tfconfig.format_address(master_addr, jax_port)
-            if spec.is_master:
-                derived["JAX_COORDINATOR_BIND_ADDRESS"] = tfconfig.format_address(
-                    JAX_BIND_HOST, jax_port
-                )
-        if nproc_default == 1:
-            derived["JAX_PROCESS_ID"] = str(spec.rank)
-    if "tf" in frameworks:
-        tf_derived = _tf_config(spec, doc, options, required="TF_CONFIG" not in user)
-        if tf_derived is not None:
-            derived["TF_CONFIG"] = tf_derived
+            values["NCCL_SOCKET_IFNAME"] = options.ifname
+    return values
 
-    # 2. Validate every user value on its own.
-    for key, (value, source) in user.items():
-        overrides.check_value(key, value, source)
 
-    # 3. Effective facts, user values first, then everything served follows them.
-    warnings: list[str] = []
-    served = {key for key in user if _framework_on(key, frameworks)}
-    for key in sorted(set(user) - served, key=CONTRACT_KEYS.index):
-        warnings.append(
-            f"{key} set in {overrides.where(user[key][1])} is not served: it belongs to "
-            f"{FRAMEWORK_OF[key]}, which is not among the served frameworks"
-        )
-    mine = {key: value for key, value in user.items() if key in served}
-    values = dict(derived)
+def _jax_values(
+    spec: ClusterSpec,
+    doc: ClusterDoc | None,
+    options: DeriveOptions,
+    master_addr: str,
+    *,
+    required: bool,
+) -> tuple[dict[str, str], int | None]:
+    """JAX's variables and the coordinator port (None: the user's address is served)."""
+    nproc = options.nproc_per_node
+    jax_port = _jax_port(doc, options, required=required)
+    values = {"JAX_NUM_PROCESSES": str(spec.nnodes * nproc)}
+    if jax_port is not None:
+        values["JAX_COORDINATOR_ADDRESS"] = tfconfig.format_address(master_addr, jax_port)
+        if spec.is_master:
+            values["JAX_COORDINATOR_BIND_ADDRESS"] = tfconfig.format_address(
+                JAX_BIND_HOST, jax_port
+            )
+    if nproc == 1:
+        values["JAX_PROCESS_ID"] = str(spec.rank)
+    return values, jax_port
+
+
+def _unserved_warnings(
+    user: Mapping[str, tuple[str, OverrideSource]], served: set[str]
+) -> tuple[str, ...]:
+    """One warning per user value whose framework is not served, in contract order."""
+    return tuple(
+        f"{key} set in {overrides.where(user[key][1])} is not served: it belongs to "
+        f"{FRAMEWORK_OF[key]}, which is not among the served frameworks"
+        for key in sorted(set(user) - served, key=CONTRACT_KEYS.index)
+    )
+
+
+def _facts(
+    spec: ClusterSpec, mine: Mapping[str, tuple[str, OverrideSource]], nproc_default: int
+) -> _Facts:
+    """The user's node count, node rank and processes per node, else the spec's and option's."""
     nproc = overrides.nproc(mine, nproc_default)
     nnodes_text = overrides.agree(mine, ("NNODES", "PET_NNODES"), numeric=True)
     nnodes = int(nnodes_text) if nnodes_text is not None else spec.nnodes
@@ -208,6 +261,17 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
     rank_keys = ("NODE_RANK", "PET_NODE_RANK") + (one_proc_ranks if nproc == 1 else ())
     rank_text = overrides.agree(mine, rank_keys, numeric=True)
     node_rank = int(rank_text) if rank_text is not None else spec.rank
+    return _Facts(nnodes, node_rank, nproc)
+
+
+def _apply_user(
+    derived: Mapping[str, str],
+    mine: Mapping[str, tuple[str, OverrideSource]],
+    facts: _Facts,
+    jax_port: int | None,
+) -> dict[str, str]:
+    """Every value follows the user's facts; a key the user set serves their own spelling."""
+    values = dict(derived)
     addr_text = overrides.agree(mine, ("MASTER_ADDR", "PET_MASTER_ADDR"), numeric=False)
     port_text = overrides.agree(mine, ("MASTER_PORT", "PET_MASTER_PORT"), numeric=True)
     if addr_text is not None:
@@ -216,37 +280,30 @@ def derive(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOptions) ->
             values["JAX_COORDINATOR_ADDRESS"] = tfconfig.format_address(addr_text, jax_port)
     if port_text is not None:
         values.update(MASTER_PORT=str(int(port_text)), PET_MASTER_PORT=str(int(port_text)))
+    nnodes, node_rank, nproc = facts
     values.update(NNODES=str(nnodes), PET_NNODES=str(nnodes))
     values.update(NODE_RANK=str(node_rank), PET_NODE_RANK=str(node_rank))
-    for key in ("WORLD_SIZE", *overrides.PER_PROCESS_KEYS):
+    for key in ("WORLD_SIZE", "JAX_NUM_PROCESSES", *overrides.PER_PROCESS_KEYS):
         values.pop(key, None)
-    values.pop("JAX_NUM_PROCESSES", None)
     if nproc is not None:
         values.update(PET_NPROC_PER_NODE=str(nproc), WORLD_SIZE=str(nnodes * nproc))
         values["JAX_NUM_PROCESSES"] = str(nnodes * nproc)
     if nproc == 1:
         values.update(RANK=str(node_rank), WORLD_RANK=str(node_rank))
         values.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", JAX_PROCESS_ID=str(node_rank))
-    # The user's own spelling of each value they set is what is served.
-    for key, (value, _source) in mine.items():
-        values[key] = value
+    values.update({key: value for key, (value, _source) in mine.items()})
+    return values
 
-    overrides.check_consistency(mine, values, nnodes, node_rank, nproc)
 
-    # 4. Only keys of the served frameworks, in contract order.
-    overridden = tuple(
+def _overridden(
+    mine: Mapping[str, tuple[str, OverrideSource]], derived: Mapping[str, str]
+) -> tuple[Override, ...]:
+    """Each served user value against what rallypoint would have served, in contract order."""
+    return tuple(
         Override(key, value, derived.get(key), source)
         for key, (value, source) in sorted(
             mine.items(), key=lambda item: CONTRACT_KEYS.index(item[0])
         )
-    )
-    ordered = tuple(
-        (key, values[key])
-        for key in CONTRACT_KEYS
-        if key in values and _framework_on(key, frameworks)
-    )
-    return Env(
-        values=ordered, overrides=overridden, warnings=tuple(warnings), reserved=doc is not None
     )
 
 
@@ -275,6 +332,11 @@ def _check_inputs(spec: ClusterSpec, doc: ClusterDoc | None, options: DeriveOpti
             raise ConfigError(
                 f"cluster document {doc.generation!r} lists ranks {ranks[:8]} but the spec "
                 f"has {spec.nnodes} nodes; every rank 0..{spec.nnodes - 1} must appear once"
+            )
+    for key in options.user:
+        if key not in CONTRACT_KEYS:
+            raise OverrideError(
+                f"{overrides.show(key)} is not a contract variable and is never served"
             )
 
 
