@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_UNSIGNED_REMEDY = "set RALLYPOINT_TOKEN (or --token-file) to the same secret on every node"
+
 
 class Sidecar(AsyncResource):
     """Everything `rallypoint serve` runs, as one async context manager.
@@ -114,27 +116,15 @@ class Sidecar(AsyncResource):
         # A lone node exchanges no peer message: nothing to authenticate, nothing to warn of.
         unsigned = not auth.enabled and (spec.nnodes > 1 or not spec.hosts)
         if unsigned:
-            log.warning(
-                "auth_disabled",
-                extra={
-                    "remedy": "set RALLYPOINT_TOKEN (or --token-file) to the same secret on "
-                    "every node"
-                },
-            )
+            log.warning("auth_disabled", extra={"remedy": _UNSIGNED_REMEDY})
         addresses = (
             self._addresses if self._addresses is not None else tuple(netinfo.local_addresses())
         )
         if settings.mdns:
             await self._start_mdns(stack, spec, auth)
-        if not spec.hosts and (self._mdns is None or not self._mdns.available):
-            raise ClusterSpecError(
-                f"RALLYPOINT_DISCOVERY=mdns but mDNS is unavailable ({self._mdns_error}); "
-                "use a provider with a host list on networks without multicast"
-            )
+        self._check_discovery(spec)
         # Without hosts (mDNS discovery) the rank is unknown: MASTER_PORT is held later.
-        held = self._reserve(spec, user)
-        for port in held.values():
-            stack.callback(port.close)
+        held = self._hold(stack, spec, user)
         node = Rendezvous(
             spec,
             settings,
@@ -153,21 +143,19 @@ class Sidecar(AsyncResource):
                 "peer messages are not authenticated: set RALLYPOINT_TOKEN on every node"
             )
         self._node = await stack.enter_async_context(node)
-        node.status_sections["mdns"] = self._mdns_status
-        self.metrics.not_ready_codes = lambda: [reason.code for reason in node.reasons()]
-        self.metrics.link_warning_codes = lambda: (
-            [] if node.book is None else [reason.code for reason in node.book.link_warnings]
-        )
+        self._expose(node)
         # Both APIs answer from here on; during discovery the peer API refuses joins (503).
         self.listeners = await stack.enter_async_context(server.Listeners(node, settings))
         if self._mdns is not None:
-            from rallypoint.mdns.loop import DiscoveryLoop
+            self._start_discovery(stack, self._mdns, node, addresses, user)
 
-            mdns = self._mdns
-            self.metrics.mdns_rejections = lambda: mdns.rejections
-            loop = DiscoveryLoop(mdns, node, self._mdns_changed, self.metrics)
-            node.on_generation.append(lambda doc: self._spawn(loop.announce_generation(doc)))
-            self._spawn(loop.run(addresses, lambda spec: self._hold(stack, spec, user)))
+    def _expose(self, node: Rendezvous) -> None:
+        """Show the node's mDNS section on /status and its reasons in the metrics."""
+        node.status_sections["mdns"] = self._mdns_status
+        self.metrics.not_ready_codes = lambda: [reason.code for reason in node.reasons()]
+        self.metrics.link_warning_codes = lambda: (
+            [] if node.book is None else [reason.code for reason in node.book.verdict.link_warnings]
+        )
 
     async def stop(self) -> None:
         """Readiness 503 first, then the mDNS goodbye, then close everything within the grace."""
@@ -305,6 +293,30 @@ class Sidecar(AsyncResource):
             log.warning(
                 "mdns_failed", extra={"error": self._mdns_error, "remedy": "HTTP still works"}
             )
+
+    def _check_discovery(self, spec: ClusterSpec) -> None:
+        """Refuse a spec without hosts when mDNS, the only way to discover them, is unavailable."""
+        if not spec.hosts and (self._mdns is None or not self._mdns.available):
+            raise ClusterSpecError(
+                f"RALLYPOINT_DISCOVERY=mdns but mDNS is unavailable ({self._mdns_error}); "
+                "use a provider with a host list on networks without multicast"
+            )
+
+    def _start_discovery(
+        self,
+        stack: AsyncExitStack,
+        mdns: Mdns,
+        node: Rendezvous,
+        addresses: Sequence[str],
+        user: Mapping[str, tuple[str, OverrideSource]],
+    ) -> None:
+        """Run the discovery loop beside the node: it completes the spec, then announces."""
+        from rallypoint.mdns.loop import DiscoveryLoop
+
+        self.metrics.mdns_rejections = lambda: mdns.rejections
+        loop = DiscoveryLoop(mdns, node, self._mdns_changed, self.metrics)
+        node.on_generation.append(lambda doc: self._spawn(loop.announce_generation(doc)))
+        self._spawn(loop.run(addresses, lambda spec: self._hold(stack, spec, user)))
 
     def _mdns_status(self) -> object:
         if self._mdns is None:

@@ -15,6 +15,7 @@ from rallypoint import wire
 from rallypoint.auth import SIGNATURE_HEADER, Authenticator
 from rallypoint.mdns.announce import Mdns
 from rallypoint.model import ClusterDoc, Member
+from rallypoint.wire import cluster
 from tests.hardening.harness import (
     SESSION,
     LoopThread,
@@ -153,7 +154,7 @@ class FakeMaster:
         assert self.member is not None
         master = Member(0, "node0", ("127.0.0.1",), None)
         doc = ClusterDoc(SESSION, "fakeepoch.1", "node0", 29999, (master, self.member))
-        payload = wire.encode_cluster_doc(doc)
+        payload = cluster.encode_cluster_doc(doc)
         headers = self.doc_auth.sign("200 /v1/cluster", payload) if self.doc_auth else {}
         if self.tamper:  # a genuine signature over a different document
             payload = payload.replace(b"29999", b"29998")

@@ -19,9 +19,10 @@ import yaml  # type: ignore[import-untyped]
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from rallypoint import server, wire
+from rallypoint import server
 from rallypoint.errors import PeerMessageError
 from rallypoint.server.peer import PEER_MAX_BYTES
+from rallypoint.wire import cluster
 from tests.hardening.harness import (
     SESSION,
     Node,
@@ -231,7 +232,7 @@ def test_peer_get_queries(
 def test_cluster_documents_parse_or_fail_cleanly(doc: bytes) -> None:
     """What a worker does with a master's answer: a ClusterDoc or PeerMessageError, nothing else."""
     try:
-        parsed = wire.parse_cluster_doc(doc)
+        parsed = cluster.parse_cluster_doc(doc)
     except PeerMessageError as exc:
         assert "\n" not in str(exc)
         return

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.sidecar import Sidecar
-from tests.support.cluster import (
+from tests.support.cluster.inprocess import (
     SESSION,
     cluster,
     codes,
@@ -45,7 +45,7 @@ def cluster_clock(master: Sidecar) -> dict[str, object]:
 async def test_a_worker_ten_minutes_ahead_joins_and_is_named(token: str | None) -> None:
     async with ready_cluster(3, token=token, clocks={2: ahead(600)}) as c:
         master, skewed = c.nodes[0], c.nodes[2]
-        verdict = master.node.book.verdict  # type: ignore[union-attr]
+        verdict = master.node.book.verdict.current  # type: ignore[union-attr]
         assert verdict is not None and verdict.verified
         named = [w for w in verdict.warnings if w.startswith("node2's clock is 600.")]
         assert len(named) == 1, verdict.warnings

@@ -16,6 +16,7 @@ from rallypoint.model import ClusterSpec, Member
 from rallypoint.net import ports
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.peer import peer_app
+from rallypoint.wire import cluster
 from tests.fakes import FakeResolver
 from tests.support.settings import fast_settings
 
@@ -81,5 +82,5 @@ async def test_cluster_document_encodings(
         body = gzip.decompress(raw) if encoding == "gzip" else raw
         assert body == expected
         signer.verify("200 /v1/cluster", body, resp.headers)
-        doc = wire.parse_cluster_doc(body)
+        doc = cluster.parse_cluster_doc(body)
         assert [m.host for m in doc.members] == list(HOSTS)

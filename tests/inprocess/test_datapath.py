@@ -21,7 +21,7 @@ from rallypoint.auth import Authenticator
 from rallypoint.core.links import LOSSY_SHARE
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
-from rallypoint.net import datapath, probe, tcpinfo
+from rallypoint.net import datapath, datawindow, probe, tcpinfo
 from rallypoint.net.probe import MAGIC
 from rallypoint.rendezvous import connectivity
 from tests.support.settings import fast_settings
@@ -40,7 +40,7 @@ class FakeWindow(asyncio.Protocol):
         self.auth = auth
         self.max_mss = max_mss
         self.buffer = b""
-        self.data: datapath.WindowData | None = None
+        self.data: datawindow.WindowData | None = None
         self.nonce = ""
         self.transport: asyncio.Transport | None = None
 
@@ -77,7 +77,7 @@ class FakeWindow(asyncio.Protocol):
         if self.mode == "garbage":
             self.transport.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
             return
-        self.data = datapath.WindowData(
+        self.data = datawindow.WindowData(
             self.transport,
             lambda up, down, mac: mac == self.auth.data_mac(SESSION, self.nonce, up, down),
             lambda _direction, _count: None,

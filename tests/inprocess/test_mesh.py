@@ -11,7 +11,7 @@ from click.testing import Result
 
 from tests.support.api import checked
 from tests.support.cli import run
-from tests.support.cluster import Cluster, all_ready, until
+from tests.support.cluster.inprocess import Cluster, all_ready, until
 from tests.support.steered import FAST, Steered, closed_port, start_steered
 
 
@@ -42,7 +42,10 @@ async def test_a_cut_pair_is_one_failed_cell_seen_from_every_node() -> None:
 
         def cut_seen() -> bool:
             book = c.nodes[0].node.book
-            return book is not None and len(book.reports) == 3 and bool(book.reports[1].failures)
+            if book is None:
+                return False
+            reports = book.verdict.reports
+            return len(reports) == 3 and bool(reports[1].failures)
 
         await until(cut_seen)
         for rank in range(3):  # the workers ask the master for its view

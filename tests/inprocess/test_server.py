@@ -19,6 +19,7 @@ from rallypoint.server.local import local_app
 from rallypoint.server.peer import PEER_MAX_BYTES, peer_app
 from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
+from rallypoint.wire import cluster
 from tests.conftest import require
 from tests.fakes import FakeResolver
 from tests.support.api import (
@@ -150,7 +151,7 @@ async def test_peer_ready_cluster_and_poke(
     resp = await peer.post("/v1/join", data=join_body())
     await checked(resp, "POST", "/v1/join")
     resp = await peer.get("/v1/cluster")
-    doc = wire.parse_cluster_doc(await checked(resp, "GET", "/v1/cluster"))
+    doc = cluster.parse_cluster_doc(await checked(resp, "GET", "/v1/cluster"))
     assert doc.generation == node.generation and doc.master_port == node.held["master"].port
     resp = await peer.get("/v1/cluster", params={"after": doc.generation})
     assert resp.status == 204

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 
-from rallypoint import wire
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.rendezvous.masterbook import GZIP_MIN_BYTES, EncodedDoc
+from rallypoint.wire import cluster
 
 
 def doc(generation: str, nnodes: int = 2) -> ClusterDoc:
@@ -19,7 +19,7 @@ def test_an_encoding_is_the_documents_json_its_digest_and_gzip_when_large() -> N
     small, large = doc("e.1"), doc("e.2", nnodes=64)
     for d in (small, large):
         encoded = EncodedDoc.of(d)
-        assert encoded.body == wire.encode_cluster_doc(d)
+        assert encoded.body == cluster.encode_cluster_doc(d)
         assert encoded.sha256 == hashlib.sha256(encoded.body).digest()
     assert len(EncodedDoc.of(small).body) < GZIP_MIN_BYTES
     assert EncodedDoc.of(small).gzipped is None

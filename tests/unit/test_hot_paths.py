@@ -10,14 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rallypoint import wire
 from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.rendezvous.masterbook import GZIP_MIN_BYTES, MasterBook
 from rallypoint.served import render
-from rallypoint.wire import fields
+from rallypoint.wire import cluster, fields
 
 TOKEN = "s3cret-token"
 BODY = b'{"members": []}'
@@ -79,7 +78,7 @@ def test_document_is_encoded_once_and_matches_the_codec(nnodes: int) -> None:
     assert book.doc is not None
     encoded = book.encoded(book.doc)
     assert book.encoded(book.doc) is encoded
-    assert encoded.body == wire.encode_cluster_doc(book.doc)
+    assert encoded.body == cluster.encode_cluster_doc(book.doc)
     assert encoded.sha256 == hashlib.sha256(encoded.body).digest()
     if len(encoded.body) < GZIP_MIN_BYTES:
         assert encoded.gzipped is None
@@ -87,7 +86,7 @@ def test_document_is_encoded_once_and_matches_the_codec(nnodes: int) -> None:
         assert encoded.gzipped is not None
         assert gzip.decompress(encoded.gzipped) == encoded.body
         assert len(encoded.gzipped) < len(encoded.body)
-    assert wire.parse_cluster_doc(encoded.body) == book.doc
+    assert cluster.parse_cluster_doc(encoded.body) == book.doc
 
 
 @pytest.mark.parametrize(
@@ -108,7 +107,7 @@ def test_document_is_encoded_once_and_matches_the_codec(nnodes: int) -> None:
     ],
 )
 def test_accepts_gzip(header: str, expected: bool) -> None:
-    assert wire.accepts_gzip(header) is expected
+    assert cluster.accepts_gzip(header) is expected
 
 
 _OCTETS = st.sampled_from(["0", "00", "7", "09", "10", "99", "100", "199", "249", "255", "256"])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from rallypoint import wire
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
-from rallypoint.wire import fields
+from rallypoint.wire import cluster, fields
 
 MEMBERS = (
     Member(0, "node0", ("10.0.0.1",), 2222),
@@ -22,7 +22,7 @@ DOC = ClusterDoc("sess", "abc.1", "node0", 29500, MEMBERS)
 
 
 def doc_json(**changes: object) -> bytes:
-    data = json.loads(wire.encode_cluster_doc(DOC))
+    data = json.loads(cluster.encode_cluster_doc(DOC))
     data.update(changes)
     return json.dumps(data).encode()
 
@@ -40,7 +40,7 @@ def join_json(**changes: object) -> bytes:
 
 
 def test_round_trips() -> None:
-    assert wire.parse_cluster_doc(wire.encode_cluster_doc(DOC)) == DOC
+    assert cluster.parse_cluster_doc(cluster.encode_cluster_doc(DOC)) == DOC
     request = wire.JoinRequest("sess", MEMBERS[1], "abc.1")
     assert wire.parse_join(wire.encode_join(request)) == request
     answer = wire.JoinAnswer("sess", "abc", None, 1, 2)
@@ -102,7 +102,7 @@ def test_bad_join_bodies(body: bytes, field: str) -> None:
 )
 def test_bad_cluster_documents(body: bytes, field: str) -> None:
     with pytest.raises(PeerMessageError, match=field):
-        wire.parse_cluster_doc(body)
+        cluster.parse_cluster_doc(body)
 
 
 @pytest.mark.parametrize(
@@ -168,7 +168,7 @@ def test_parsers_never_crash(body: bytes) -> None:
         wire.parse_join,
         wire.parse_join_answer,
         wire.parse_poke,
-        wire.parse_cluster_doc,
+        cluster.parse_cluster_doc,
         wire.parse_report,
         wire.parse_verdict,
     ):
@@ -179,10 +179,10 @@ def test_parsers_never_crash(body: bytes) -> None:
 def test_the_coordinator_port_round_trips_and_is_checked() -> None:
     member = Member(rank=0, host="main1", addresses=("10.0.0.1",), tf_port=2222, jax_port=8476)
     doc = ClusterDoc("s", "g.1", "main1", 29500, (member,))
-    assert wire.parse_cluster_doc(wire.encode_cluster_doc(doc)).members[0].jax_port == 8476
-    body = json.loads(wire.encode_cluster_doc(doc))
+    assert cluster.parse_cluster_doc(cluster.encode_cluster_doc(doc)).members[0].jax_port == 8476
+    body = json.loads(cluster.encode_cluster_doc(doc))
     del body["members"][0]["jax_port"]  # a sidecar that serves no JAX sends none
-    assert wire.parse_cluster_doc(json.dumps(body).encode()).members[0].jax_port is None
+    assert cluster.parse_cluster_doc(json.dumps(body).encode()).members[0].jax_port is None
     body["members"][0]["jax_port"] = 70000
     with pytest.raises(PeerMessageError, match="jax_port"):
-        wire.parse_cluster_doc(json.dumps(body).encode())
+        cluster.parse_cluster_doc(json.dumps(body).encode())

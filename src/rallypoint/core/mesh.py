@@ -107,18 +107,10 @@ def view(
             short = cause(reason)
             marks[to] = CAUSE_MARKS.get(short, "E")
             causes[short] = causes.get(short, 0) + 1
-            pairs.append((0, _pair(rank, to, hosts, "failed", reason)))
+        pairs += _listed(rank, peers, row, hosts)
         counts["failed"] += len(failed)
-        rest = len(peers) - len(failed)
-        counts[_STATES[row.default]] += rest
+        counts[_STATES[row.default]] += len(peers) - len(failed)
         counts["not_tried"] += nnodes - 1 - len(peers)
-        if row.default in (UNKNOWN, CHECKING) and rest:
-            order = 1 if row.default == UNKNOWN else 2
-            pairs += [
-                (order, _pair(rank, to, hosts, _STATES[row.default], None))
-                for to in peers
-                if to not in failed
-            ]
         problem = report is None or not report.passed
         problems += problem
         if problem and (matrix or len(nodes) < NODES_SHOWN):
@@ -179,6 +171,20 @@ def _row(
     else:
         default = CHECKING
     return _Row(default, failed, own)
+
+
+def _listed(
+    rank: int, peers: Sequence[int], row: _Row, hosts: Sequence[str]
+) -> list[tuple[int, dict[str, object]]]:
+    """A row's pairs to list, each with its order: failed 0, unknown 1, checking 2."""
+    listed = [(0, _pair(rank, to, hosts, "failed", reason)) for to, reason in row.failed.items()]
+    if row.default in (UNKNOWN, CHECKING):
+        order = 1 if row.default == UNKNOWN else 2
+        state = _STATES[row.default]
+        listed += [
+            (order, _pair(rank, to, hosts, state, None)) for to in peers if to not in row.failed
+        ]
+    return listed
 
 
 def _target(rank: int, reason: Reason, rank_of: Mapping[str, int]) -> int | None:

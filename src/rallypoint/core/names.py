@@ -312,17 +312,13 @@ def judge_own(
     where = f"this node's own name {host} resolves to loopback ({', '.join(loopback)})"
     if rules.strict_self:
         # Stacks that advertise their own resolved name ignore GLOO_SOCKET_IFNAME.
-        return _strict_self(
-            host, res, f"{where}; map {host} to its cluster address in /etc/hosts"
-        ), None
+        text = f"{where}; map {host} to its cluster address in /etc/hosts"
+        return _strict_self(host, res, text), None
     if ifname is None:
-        return self_loopback_reason(
-            host,
-            loopback,
-            detail=res.detail,
-            emit_ifname=rules.emit_ifname,
-            jax=rules.jax,
-        ), None
+        reason = self_loopback_reason(
+            host, loopback, detail=res.detail, emit_ifname=rules.emit_ifname, jax=rules.jax
+        )
+        return reason, None
     return None, (
         f"{where}; gloo binds {ifname} (GLOO_SOCKET_IFNAME) instead, but stacks that advertise "
         f"their own resolved name would not: map {host} to its cluster address in /etc/hosts"
@@ -372,12 +368,7 @@ def loopback_reason(host: str, res: Resolution) -> Reason:
 
 
 def self_loopback_reason(
-    host: str,
-    loopback: Sequence[str],
-    *,
-    detail: str | None,
-    emit_ifname: bool,
-    jax: bool = False,
+    host: str, loopback: Sequence[str], *, detail: str | None, emit_ifname: bool, jax: bool = False
 ) -> Reason:
     """Not ready because this node's own name resolves to loopback and no interface is pinned."""
     # Without GLOO_SOCKET_IFNAME gloo binds and publishes what its own host name resolves to,

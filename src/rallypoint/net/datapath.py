@@ -20,6 +20,8 @@ secret. Both sizes are capped (MAX_DATA_BYTES). Progress is watched, not just aw
 prober's bytes acknowledged (TCP_INFO) going up, then the bytes received; nothing moving for
 ``stall_s`` is a stall, and a transfer still moving when ``budget_s`` ends is measured as far
 as it got (a slow link is a figure, not a failure).
+
+This module holds the protocol and the prober's end; the window's end is net/datawindow.py.
 """
 
 from __future__ import annotations
@@ -40,16 +42,16 @@ PATH_BYTES = 64 * 1024
 MAX_DATA_BYTES = 16 * 1024 * 1024
 #: How often a transfer's progress is read from the kernel.
 POLL_S = 0.05
-#: A window gives a prober this long to finish its transfer, then closes.
-SERVE_MAX_S = 60.0
-_CHUNK = 256 * 1024
-_ZEROS = bytes(_CHUNK)
+#: Each end writes its bytes in pieces of this size (zeros from one buffer); the prober reads so.
+CHUNK = 256 * 1024
+ZEROS = bytes(CHUNK)
 
 ACK = b"RPACK/1\n"
 STAT_ASK = b"RPSTAT/1\n"
 REQUEST = re.compile(rb"RPDATA/1 (\d{1,9}) (\d{1,9}) ([0-9a-f]{64})\r?\n")
 _STAT = re.compile(rb"RPSTAT/1 (\d{1,20}) (\d{1,20}) (\d{1,20})\r?\n")
-_MAX_LINE = 256
+#: Longest protocol line either end reads.
+MAX_LINE = 256
 
 
 class DataRequest(msgspec.Struct, frozen=True):
@@ -136,68 +138,32 @@ async def exchange(sock: socket.socket, request: DataRequest, mac: str) -> Trans
     header = b"RPDATA/1 %d %d %s\n" % (request.up, request.down, mac.encode())
     state = _Reading(request.down)
     started = time.monotonic()
-
-    async def send() -> None:
-        await loop.sock_sendall(sock, header)
-        left = request.up
-        while left > 0:
-            step = min(left, _CHUNK)
-            await loop.sock_sendall(sock, memoryview(_ZEROS)[:step])
-            left -= step
-
-    sending = asyncio.ensure_future(send())
+    sending = asyncio.ensure_future(_send(loop, sock, header, request.up))
     reading = asyncio.ensure_future(state.run(loop, sock))
-    last: tuple[int, int] = (-1, -1)
-    last_change = started
-    cause, detail = "ok", ""
     try:
-        while not reading.done():
-            await asyncio.wait({reading}, timeout=POLL_S)
-            now = time.monotonic()
-            stats = tcpinfo.read(sock)
-            acked = max(0, (stats.bytes_acked or 0) - base_acked - len(header)) if stats else 0
-            state.acked = min(acked, request.up)
-            progress = (state.acked, state.got)
-            if progress != last:
-                last, last_change = progress, now
-            elif now - last_change > request.stall_s and not reading.done():
-                cause = "stalled"
-                leg = "up" if state.acked_at is None else "down"
-                moved = state.acked if leg == "up" else state.got
-                asked = request.up if leg == "up" else request.down
-                detail = f"data stopped after {moved} of {asked} bytes {_LEGS[leg]}"
-                break
-            if now - started > request.budget_s and not reading.done():
-                break  # still moving: measured as far as it got
-        if reading.done() and reading.exception() is not None:
-            exc = reading.exception()
-            cause = "garbled" if isinstance(exc, _Garbled) else "closed"
-            detail = str(exc) or "the window closed the connection during the transfer"
+        cause, detail = await _watch(
+            sock, request, state, reading, started=started, base_acked=base_acked + len(header)
+        )
     finally:
         for task in (sending, reading):
             task.cancel()
         await asyncio.gather(sending, reading, return_exceptions=True)
     now = time.monotonic()
     acked_at = state.acked_at
-    up_bytes = request.up if acked_at is not None else state.acked
-    up_s = (acked_at if acked_at is not None else now) - started
-    down_s = 0.0 if acked_at is None else (state.done_at or now) - acked_at
     complete = cause == "ok" and state.done_at is not None
-    peer: tuple[int, int, int] | None = None
-    if complete:
-        peer = await _peer_stats(loop, sock, request.stall_s)
-    up = _delta(before, state.at_ack)
+    peer = await _peer_stats(loop, sock, request.stall_s) if complete else None
+    up_sent, up_retrans_bytes = counter_deltas(before, state.at_ack)
     return Transfer(
         cause=cause,
         detail=detail,
-        up_bytes=up_bytes,
+        up_bytes=request.up if acked_at is not None else state.acked,
         down_bytes=state.got,
-        up_s=up_s,
-        down_s=down_s,
+        up_s=(acked_at if acked_at is not None else now) - started,
+        down_s=0.0 if acked_at is None else (state.done_at or now) - acked_at,
         complete=complete,
         route_mtu=tcpinfo.route_mtu(sock),
-        up_sent=up[0],
-        up_retrans_bytes=up[1],
+        up_sent=up_sent,
+        up_retrans_bytes=up_retrans_bytes,
         rtt_us=None if state.at_ack is None else state.at_ack.min_rtt_us,
         peer_sent=None if peer is None else peer[0],
         peer_retrans=None if peer is None else peer[1],
@@ -205,7 +171,57 @@ async def exchange(sock: socket.socket, request: DataRequest, mac: str) -> Trans
     )
 
 
-def _delta(
+async def _send(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, header: bytes, up: int
+) -> None:
+    """The request line, then ``up`` bytes of zeros."""
+    await loop.sock_sendall(sock, header)
+    left = up
+    while left > 0:
+        step = min(left, CHUNK)
+        await loop.sock_sendall(sock, memoryview(ZEROS)[:step])
+        left -= step
+
+
+async def _watch(
+    sock: socket.socket,
+    request: DataRequest,
+    state: _Reading,
+    reading: asyncio.Future[None],
+    *,
+    started: float,
+    base_acked: int,
+) -> tuple[str, str]:
+    """Follow the transfer until it ends, stalls or spends its budget: (cause, detail).
+
+    ``base_acked`` is the socket's bytes acknowledged before the data leg, request included.
+    """
+    last: tuple[int, int] = (-1, -1)
+    last_change = started
+    while not reading.done():
+        await asyncio.wait({reading}, timeout=POLL_S)
+        now = time.monotonic()
+        stats = tcpinfo.read(sock)
+        acked = max(0, (stats.bytes_acked or 0) - base_acked) if stats else 0
+        state.acked = min(acked, request.up)
+        progress = (state.acked, state.got)
+        if progress != last:
+            last, last_change = progress, now
+        elif now - last_change > request.stall_s and not reading.done():
+            leg = "up" if state.acked_at is None else "down"
+            moved = state.acked if leg == "up" else state.got
+            asked = request.up if leg == "up" else request.down
+            return "stalled", f"data stopped after {moved} of {asked} bytes {_LEGS[leg]}"
+        if now - started > request.budget_s and not reading.done():
+            return "ok", ""  # still moving: measured as far as it got
+    exc = reading.exception()
+    if exc is None:
+        return "ok", ""
+    cause = "garbled" if isinstance(exc, _Garbled) else "closed"
+    return cause, str(exc) or "the window closed the connection during the transfer"
+
+
+def counter_deltas(
     before: tcpinfo.TcpStats | None, after: tcpinfo.TcpStats | None
 ) -> tuple[int | None, int | None]:
     """(bytes sent, bytes retransmitted) between two readings."""
@@ -243,16 +259,16 @@ class _Reading:
     async def run(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         buffer = b""
         while ACK not in buffer:
-            chunk = await loop.sock_recv(sock, _MAX_LINE)
+            chunk = await loop.sock_recv(sock, MAX_LINE)
             if not chunk:
                 raise ConnectionResetError("the window closed the connection before its ACK")
             buffer += chunk
-            if not ACK.startswith(buffer[: len(ACK)]) or len(buffer) > _MAX_LINE + self.down:
+            if not ACK.startswith(buffer[: len(ACK)]) or len(buffer) > MAX_LINE + self.down:
                 raise _Garbled(f"the window answered {buffer[:40]!r}, not {ACK!r}")
         self.acked_at = time.monotonic()
         self.at_ack = tcpinfo.read(sock)
         self.got = len(buffer) - len(ACK)
-        sink = bytearray(_CHUNK)
+        sink = bytearray(CHUNK)
         while self.got < self.down:
             count = await loop.sock_recv_into(sock, sink)
             if not count:
@@ -273,8 +289,8 @@ async def _peer_stats(
         async with asyncio.timeout(timeout_s):
             await loop.sock_sendall(sock, STAT_ASK)
             line = b""
-            while not line.endswith(b"\n") and len(line) <= _MAX_LINE:
-                chunk = await loop.sock_recv(sock, _MAX_LINE)
+            while not line.endswith(b"\n") and len(line) <= MAX_LINE:
+                chunk = await loop.sock_recv(sock, MAX_LINE)
                 if not chunk:
                     return None
                 line += chunk
@@ -287,13 +303,6 @@ async def _peer_stats(
     if retrans > sent:
         return None
     return sent, retrans, leg_us
-
-
-def stat_line(before: tcpinfo.TcpStats | None, now: tcpinfo.TcpStats | None, leg_s: float) -> bytes:
-    """The window's answer to RPSTAT/1: its counters of the down leg (zeros if unknown)."""
-    sent, retrans = _delta(before, now)
-    leg_us = max(1, int(leg_s * 1e6))
-    return b"RPSTAT/1 %d %d %d\n" % (sent or 0, retrans or 0, leg_us)
 
 
 #: A path-MTU search stops once the size is known to this many bytes (or after SEARCH_ROUNDS).
@@ -328,97 +337,3 @@ async def largest_passing(
         if hi - lo <= SEARCH_PRECISION:
             return best
     return best
-
-
-class WindowData:
-    """A window's side of the data leg on one answered connection (probe._Answer feeds it).
-
-    ``check(up, down, mac)`` says whether a request is genuine. Everything arriving before a
-    valid request, or more than was asked, is garbage: the connection is closed.
-    """
-
-    def __init__(
-        self,
-        transport: asyncio.Transport,
-        check: Callable[[int, int, str], bool],
-        count: Callable[[str, int], None],
-    ) -> None:
-        self.transport = transport
-        self._check = check
-        self._count = count  # (direction, bytes) for the metrics
-        self.state = "request"  # request, receiving, sending, stat, done
-        self.buffer = b""
-        self.up = self.down = 0
-        self.received = 0
-        self.to_send = 0
-        self.paused = False
-        self._before: tcpinfo.TcpStats | None = None
-        self._sending_at = 0.0
-
-    def _read(self) -> tcpinfo.TcpStats | None:
-        sock = self.transport.get_extra_info("socket")
-        return None if sock is None else tcpinfo.read(sock)
-
-    def feed(self, data: bytes) -> str | None:
-        """Take bytes from the prober; a result to close with ("garbage"), else None."""
-        if self.state == "receiving":
-            self.received += len(data)
-            self._count("received", len(data))
-            if self.received > self.up:
-                return "garbage"
-            if self.received == self.up:
-                self._start_sending()
-            return None
-        self.buffer += data
-        if b"\n" not in self.buffer:
-            return "garbage" if len(self.buffer) > _MAX_LINE else None
-        line, _, rest = self.buffer.partition(b"\n")
-        line += b"\n"
-        self.buffer = b""
-        if self.state == "request":
-            match = REQUEST.fullmatch(line)
-            if match is None:
-                return "garbage"
-            up, down = int(match.group(1)), int(match.group(2))
-            if up > MAX_DATA_BYTES or down > MAX_DATA_BYTES:
-                return "garbage"
-            if not self._check(up, down, match.group(3).decode()):
-                return "garbage"
-            self.up, self.down, self.state = up, down, "receiving"
-            self._before = self._read()
-            if up == 0:
-                self._start_sending()
-            if rest:
-                return self.feed(rest)
-            return None
-        if self.state == "stat" and line.rstrip(b"\r\n") == STAT_ASK.rstrip(b"\n") and not rest:
-            leg_s = time.monotonic() - self._sending_at
-            self.transport.write(stat_line(self._before, self._read(), leg_s))
-            self.state = "done"
-            return None
-        return "garbage"
-
-    def pause(self) -> None:
-        self.paused = True
-
-    def resume(self) -> None:
-        self.paused = False
-        self._send_more()
-
-    def _start_sending(self) -> None:
-        self.state = "sending"
-        self._sending_at = time.monotonic()
-        self.to_send = self.down
-        self.transport.write(ACK)
-        self._send_more()
-
-    def _send_more(self) -> None:
-        # Respect the transport's flow control: a flood of probers must not make the
-        # window buffer MAX_DATA_BYTES per connection in memory.
-        while self.state == "sending" and self.to_send > 0 and not self.paused:
-            step = min(self.to_send, _CHUNK)
-            self.to_send -= step
-            self._count("sent", step)
-            self.transport.write(memoryview(_ZEROS)[:step])
-        if self.state == "sending" and self.to_send == 0:
-            self.state = "stat"

@@ -138,49 +138,49 @@ def reserve(
             f"port range {low}-{high} is not a range of ports; "
             "set RALLYPOINT_PORT_RANGE to LOW-HIGH within 1-65535"
         )
-    eph_low, eph_high = ephemeral_range()
+    ephemeral = ephemeral_range()
     avoided = frozenset(avoid)
-    tried: set[int] = set()
     skipped: list[Skipped] = []
-
-    def unusable(port: int) -> str | None:
-        if not 1 <= port <= 65535:
-            return "not a port number (1-65535)"
-        if not exact and eph_low <= port <= eph_high:
-            return f"inside the ephemeral range {eph_low}-{eph_high}"
-        if port in avoided:
-            return "already taken by another port of this sidecar"
-        return None
-
-    for port in preferred:
-        if port in tried:
-            continue
-        tried.add(port)
-        reason = unusable(port)
+    for port in dict.fromkeys(preferred):
+        reason = _unusable(port, ephemeral, avoided, exact=exact)
         if reason is None:
             held = _hold(port)
             if isinstance(held, list):
                 return HeldPort(port, held, skipped)
             reason = held
         skipped.append(Skipped(port, reason))
-
+    passed_over = "".join(f"; {s.port} {s.reason}" for s in skipped)
     if exact:
         wanted = ", ".join(str(port) for port in preferred)
-        passed_over = "".join(f"; {s.port} {s.reason}" for s in skipped)
         raise PortError(f"port {wanted} cannot be held{passed_over}; free it or choose another")
 
+    tried = frozenset(preferred)
     for port in range(low, high + 1):
-        if port in tried or unusable(port) is not None:
+        if port in tried or _unusable(port, ephemeral, avoided, exact=exact) is not None:
             continue
         held = _hold(port)
         if isinstance(held, list):
             return HeldPort(port, held, skipped)
 
-    passed_over = "".join(f"; {s.port} {s.reason}" for s in skipped)
+    eph_low, eph_high = ephemeral
     raise PortError(
         f"no free port in {low}-{high} outside the ephemeral range {eph_low}-{eph_high}"
         f"{passed_over}; free a port there or set RALLYPOINT_PORT_RANGE to a wider range"
     )
+
+
+def _unusable(
+    port: int, ephemeral: tuple[int, int], avoided: Collection[int], *, exact: bool
+) -> str | None:
+    """Why ``reserve`` may not take ``port`` (ephemeral ports only unless ``exact``), or None."""
+    if not 1 <= port <= 65535:
+        return "not a port number (1-65535)"
+    eph_low, eph_high = ephemeral
+    if not exact and eph_low <= port <= eph_high:
+        return f"inside the ephemeral range {eph_low}-{eph_high}"
+    if port in avoided:
+        return "already taken by another port of this sidecar"
+    return None
 
 
 def reserve_ephemeral(attempts: int = 16) -> HeldPort:

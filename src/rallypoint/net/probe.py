@@ -23,13 +23,14 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 
 from rallypoint.auth import Authenticator
 from rallypoint.core.links import LinkStat
 from rallypoint.metrics import Metrics
-from rallypoint.net import datapath
+from rallypoint.net import datapath, datawindow
 
 log = logging.getLogger(__name__)
 
@@ -105,29 +106,15 @@ async def probe(
         return done("error", f"{address} is not a usable address: {exc}")
     try:
         sock.setblocking(False)
-        if data is not None and data.mss is not None:
-            try:
-                datapath.clamp_mss(sock, data.mss)
-            except OSError as exc:
-                return done("error", f"cannot clamp the MSS to {data.mss}: {_describe(exc)}")
-        try:
-            async with asyncio.timeout(timeout_s):
-                await loop.sock_connect(sock, sockaddr)
-        except TimeoutError:
-            return done("timeout", f"timed out after {timeout_s:g} s")
-        except OSError as exc:
-            return _refused(exc, done)
+        mss = None if data is None else data.mss
+        failed = await _connect(loop, sock, sockaddr, mss=mss, timeout_s=timeout_s, done=done)
+        if failed is not None:
+            return failed
         try:
             # The handshake completed, so a firewall DROP or REJECT is ruled out: whatever
             # listens here must answer like a sidecar of the session.
             async with asyncio.timeout(timeout_s):
-                await loop.sock_sendall(sock, MAGIC + b" " + nonce.encode() + b"\n")
-                line = b""
-                while not line.endswith(b"\n") and len(line) <= MAX_LINE:
-                    chunk = await loop.sock_recv(sock, MAX_LINE + 1)
-                    if not chunk:
-                        break
-                    line += chunk
+                line = await _challenge(loop, sock, nonce)
         except TimeoutError:
             return done("foreign_answer", f"connected, but no probe answer within {timeout_s:g} s")
         except OSError as exc:
@@ -140,10 +127,53 @@ async def probe(
         )
     finally:
         sock.close()
+    return _with_transfer(transfer, time.monotonic() - started)
+
+
+async def _connect(
+    loop: asyncio.AbstractEventLoop,
+    sock: socket.socket,
+    sockaddr: tuple[Any, ...],
+    *,
+    mss: int | None,
+    timeout_s: float,
+    done: Callable[[str, str], Outcome],
+) -> Outcome | None:
+    """Clamp the MSS when asked, then connect within ``timeout_s``: None once connected,
+    else the outcome of the failure."""
+    if mss is not None:
+        try:
+            datapath.clamp_mss(sock, mss)
+        except OSError as exc:
+            return done("error", f"cannot clamp the MSS to {mss}: {_describe(exc)}")
+    try:
+        async with asyncio.timeout(timeout_s):
+            await loop.sock_connect(sock, sockaddr)
+    except TimeoutError:
+        return done("timeout", f"timed out after {timeout_s:g} s")
+    except OSError as exc:
+        return _refused(exc, done)
+    return None
+
+
+async def _challenge(loop: asyncio.AbstractEventLoop, sock: socket.socket, nonce: str) -> bytes:
+    """Send the challenge; the answer line, or what came before the port closed or ran long."""
+    await loop.sock_sendall(sock, MAGIC + b" " + nonce.encode() + b"\n")
+    line = b""
+    while not line.endswith(b"\n") and len(line) <= MAX_LINE:
+        chunk = await loop.sock_recv(sock, MAX_LINE + 1)
+        if not chunk:
+            break
+        line += chunk
+    return line
+
+
+def _with_transfer(transfer: datapath.Transfer, elapsed_s: float) -> Outcome:
+    """The outcome of a checked answer whose data leg ran."""
     # A window that answers and then breaks the data protocol is not a sidecar we trust.
     cause = transfer.cause if transfer.cause in ("ok", "stalled") else "foreign_answer"
     detail = "answered" if transfer.ok else f"answered, then {transfer.detail}"
-    return Outcome(cause, detail, time.monotonic() - started, transfer)
+    return Outcome(cause, detail, elapsed_s, transfer)
 
 
 def _judge(
@@ -251,7 +281,7 @@ class _Answer(asyncio.Protocol):
         self.slot = False
         self.timer: asyncio.TimerHandle | None = None
         self.nonce = ""
-        self.data: datapath.WindowData | None = None
+        self.data: datawindow.WindowData | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -301,11 +331,11 @@ class _Answer(asyncio.Protocol):
             self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
 
     def _data(self, data: bytes) -> None:
-        """Bytes after the answer: the data leg (datapath.WindowData), or garbage."""
+        """Bytes after the answer: the data leg (datawindow.WindowData), or garbage."""
         assert self.transport is not None
         if self.data is None:
             listener = self.listener
-            self.data = datapath.WindowData(
+            self.data = datawindow.WindowData(
                 self.transport,
                 lambda up, down, mac: hmac.compare_digest(
                     listener.auth.data_mac(listener.session, self.nonce, up, down), mac
@@ -315,7 +345,7 @@ class _Answer(asyncio.Protocol):
             if self.timer is not None:
                 self.timer.cancel()
             self.timer = asyncio.get_running_loop().call_later(
-                datapath.SERVE_MAX_S, self._give_up, "timeout"
+                datawindow.SERVE_MAX_S, self._give_up, "timeout"
             )
         if self.data.state == "done":
             return  # the prober closes next

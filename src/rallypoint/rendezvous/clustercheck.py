@@ -23,8 +23,9 @@ from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageErro
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.net.peerhttp import PeerClient
 from rallypoint.reasons import Reason
-from rallypoint.rendezvous.masterbook import MasterBook, stale_generation
+from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.rendezvous.race import unless_set
+from rallypoint.rendezvous.verdict import stale_generation
 from rallypoint.settings import Settings
 
 log = logging.getLogger("rallypoint.rendezvous")
@@ -69,8 +70,8 @@ async def answer_reports(
     JoinRejected (409 stale_generation) when ``generation`` is not the current document's.
     """
     for report in reports:
-        book.report(report)  # checks each: session, rank and host, generation
-    verdict = book.verdict
+        book.verdict.report(report)  # checks each: session, rank and host, generation
+    verdict = book.verdict.current
     if verdict is None or verdict.generation != generation:  # an empty batch: a pure poll
         raise stale_generation(generation, book.doc)
     # A node that passed has nothing to act on until the verdict lands or a failure
@@ -83,7 +84,7 @@ async def answer_reports(
     )
     if verdict.version != seen and not quiet:
         return verdict
-    return await book.wait_verdict(generation, verdict.version, long_poll_s)
+    return await book.verdict.wait(generation, verdict.version, long_poll_s)
 
 
 def http_transport(client: PeerClient, target: Callable[[], tuple[str, int] | None]) -> Transport:

@@ -117,7 +117,7 @@ class Windows:
 
     A window that cannot open because something already listens on the port (the job's
     own TCPStore or TF server, after a generation change) is *busy*: peers then see a
-    foreign answer there, which the master excuses for that port (MasterBook.excused).
+    foreign answer there, which the master excuses for that port (ClusterVerdict.excused).
     """
 
     def __init__(self, held: Mapping[str, HeldPort], listener: probe.ProbeListener) -> None:

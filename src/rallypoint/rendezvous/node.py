@@ -49,7 +49,7 @@ from rallypoint.rendezvous.peers import PeerTable
 from rallypoint.rendezvous.readiness import Readiness
 from rallypoint.rendezvous.relay import Relay
 from rallypoint.rendezvous.verification import Verification
-from rallypoint.rendezvous.worker import Worker
+from rallypoint.rendezvous.worker import run_worker
 from rallypoint.settings import Settings
 from rallypoint.wire import fields
 
@@ -58,6 +58,22 @@ log = logging.getLogger(__name__)
 
 class Rendezvous(AsyncResource):
     """One node's side of the rendezvous, its readiness and everything /status shows."""
+
+    # Built by _take_spec once the spec names every host (None until then, or for good).
+    book: MasterBook | None = None
+    master: Master | None = None
+    #: This node's group service when it relays for a group of ranks (core/fanout.py).
+    relay: Relay | None = None
+    verification: Verification | None = None
+    #: After ready, the keep-alives that name a peer gone (None: --keepalive 0).
+    keepalive: Keepalive | None = None
+    #: The supervised job on every node (`rallypoint run`).
+    jobs: JobWatch | None = None
+    #: What the master, worker and verification share.
+    ctx: NodeContext | None = None
+    windows: connectivity.Windows | None = None
+    #: Where the last accepted join reached the master's peer API (reports go there).
+    master_target: tuple[str, int] | None = None
 
     def __init__(
         self,
@@ -76,7 +92,6 @@ class Rendezvous(AsyncResource):
         rng: random.Random | None = None,
         offsets: ClockEstimate | None = None,
     ) -> None:
-        self.spec = spec
         self.settings = settings
         self.resolver = resolver
         self.auth = auth
@@ -86,48 +101,23 @@ class Rendezvous(AsyncResource):
         self.user = dict(user)
         self._endpoint = endpoint or (lambda _host, address: (address, settings.peer_port))
         self._route = route or probe.direct
-        #: Where the last accepted join reached the master's peer API (reports go there).
-        self.master_target: tuple[str, int] | None = None
-        self.windows: connectivity.Windows | None = None
         self._clock = clock
         self._rng = rng or random.Random()
-        self.accept_loopback = spec.loopback_ok or settings.allow_loopback
+        self._set_spec(spec)
         # Unique across master restarts: every generation this master issues starts with it.
         self.epoch = secrets.token_hex(6)
+        starting = Reason("starting", "the sidecar is starting")
+        phase = starting if spec.hosts else discovering_reason(spec.nnodes, ())
         self.readiness = Readiness(
-            metrics,
-            deadline_s=settings.deadline_s,
-            clock=clock,
-            phase=Reason("starting", "the sidecar is starting")
-            if spec.hosts
-            else discovering_reason(spec.nnodes, ()),
+            metrics, deadline_s=settings.deadline_s, clock=clock, phase=phase
         )
-        self.book: MasterBook | None = None
-        self.master: Master | None = None
-        #: This node's group service when it relays for a group of ranks (core/fanout.py).
-        self.relay: Relay | None = None
-        self.verification: Verification | None = None
-        #: After ready, the keep-alives that name a peer gone (None: --keepalive 0).
-        self.keepalive: Keepalive | None = None
-        #: The supervised job on every node (`rallypoint run`), once the spec is known.
-        self.jobs: JobWatch | None = None
-        #: What the master, worker and verification share (once the spec is known).
-        self.ctx: NodeContext | None = None
-        self.peers = PeerTable(spec)
         #: Called with each new cluster document (mDNS re-announces the generation).
         self.on_generation: list[Callable[[ClusterDoc], None]] = []
-        #: Extra /status sections, e.g. "mdns".
-        self.status_sections: dict[str, Callable[[], object]] = {
-            "mdns": lambda: {"enabled": False, "error": None},
-            "liveness": lambda: liveness.status(
-                None if self.keepalive is None else self.keepalive.watch, self.offsets.wall
-            ),
-            "job": self.job_status,
-        }
         self.poked = asyncio.Event()
         #: This node's clock offset to the master (core/clock.py); the Authenticator's clock.
         self.offsets = offsets or ClockEstimate(time.time, on_change=metrics.clock_offset.set)
-        self.status_sections["clock"] = self.offsets.status
+        #: Extra /status sections, e.g. "mdns".
+        self.status_sections = self._status_sections()
         self.peer_client = PeerClient(
             auth,
             self.offsets,
@@ -140,6 +130,23 @@ class Rendezvous(AsyncResource):
         self._spec_known = asyncio.Event()
         if spec.hosts:
             self._take_spec(spec)
+
+    def _set_spec(self, spec: ClusterSpec) -> None:
+        """Take ``spec`` and what follows from it alone: the loopback rule, the peer table."""
+        self.spec = spec
+        self.accept_loopback = spec.loopback_ok or self.settings.allow_loopback
+        self.peers = PeerTable(spec)
+
+    def _status_sections(self) -> dict[str, Callable[[], object]]:
+        """The /status sections beside the core document (the sidecar replaces "mdns")."""
+        return {
+            "mdns": lambda: {"enabled": False, "error": None},
+            "liveness": lambda: liveness.status(
+                None if self.keepalive is None else self.keepalive.watch, self.offsets.wall
+            ),
+            "job": self.job_status,
+            "clock": self.offsets.status,
+        }
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -190,48 +197,14 @@ class Rendezvous(AsyncResource):
         return self._spec_known.is_set()
 
     def _take_spec(self, spec: ClusterSpec) -> None:
-        self.spec = spec
-        self.accept_loopback = spec.loopback_ok or self.settings.allow_loopback
-        self.peers = PeerTable(spec)
+        """Build the parts that need every host and this node's rank; run() goes on."""
+        self._set_spec(spec)
         self.offsets.reference = spec.is_master  # the master's clock is the one measured against
-        prober: connectivity.Prober | None = None
-        if self.settings.probe:
-            listener = probe.ProbeListener(
-                session=spec.session,
-                rank=spec.rank,
-                host=spec.host,
-                auth=self.auth,
-                metrics=self.metrics,
-            )
-            self.windows = connectivity.Windows(self.held, listener)
-            prober = connectivity.Prober(
-                spec,
-                self.settings,
-                auth=self.auth,
-                metrics=self.metrics,
-                route=self._route,
-                rng=self._rng,
-            )
-        transport: Transport
+        self.windows, prober = self._connection_check(spec)
         if spec.is_master:
             self.book = MasterBook(spec, self.held["master"].port, self.epoch)
-            transport = local_transport(self.book, self.settings.long_poll_s)
-        else:
-            transport = http_transport(self.peer_client, lambda: self.master_target)
-            transport = with_facts(transport, self.offsets.facts)
-        self.ctx = NodeContext(
-            spec=spec,
-            settings=self.settings,
-            resolver=self.resolver,
-            metrics=self.metrics,
-            readiness=self.readiness,
-            peers=self.peers,
-            client=self.peer_client,
-            endpoint=self._endpoint,
-            accept_loopback=self.accept_loopback,
-            clock=self._clock,
-            rng=self._rng,
-        )
+        transport = self._transport()
+        self.ctx = self._node_context(spec)
         self.verification = Verification(
             self.ctx,
             user=self.user,
@@ -261,6 +234,52 @@ class Rendezvous(AsyncResource):
             self.status_sections["relay"] = self.relay.status
         self._spec_known.set()
 
+    def _connection_check(
+        self, spec: ClusterSpec
+    ) -> tuple[connectivity.Windows | None, connectivity.Prober | None]:
+        """The probe windows and the prober, or neither when connections are not checked."""
+        if not self.settings.probe:
+            return None, None
+        listener = probe.ProbeListener(
+            session=spec.session,
+            rank=spec.rank,
+            host=spec.host,
+            auth=self.auth,
+            metrics=self.metrics,
+        )
+        prober = connectivity.Prober(
+            spec,
+            self.settings,
+            auth=self.auth,
+            metrics=self.metrics,
+            route=self._route,
+            rng=self._rng,
+        )
+        return connectivity.Windows(self.held, listener), prober
+
+    def _transport(self) -> Transport:
+        """Where this node's reports go: the master's own book, or the master's peer API."""
+        if self.book is not None:
+            return local_transport(self.book, self.settings.long_poll_s)
+        transport = http_transport(self.peer_client, lambda: self.master_target)
+        return with_facts(transport, self.offsets.facts)
+
+    def _node_context(self, spec: ClusterSpec) -> NodeContext:
+        """What the master, worker and verification share, for ``spec``."""
+        return NodeContext(
+            spec=spec,
+            settings=self.settings,
+            resolver=self.resolver,
+            metrics=self.metrics,
+            readiness=self.readiness,
+            peers=self.peers,
+            client=self.peer_client,
+            endpoint=self._endpoint,
+            accept_loopback=self.accept_loopback,
+            clock=self._clock,
+            rng=self._rng,
+        )
+
     async def run(self) -> None:
         """Drive this node's side of the rendezvous until cancelled."""
         await self._spec_known.wait()
@@ -274,7 +293,8 @@ class Rendezvous(AsyncResource):
             if self.master is not None:
                 await self.master.run(self._own_member())
             else:
-                await self._run_worker()
+                ctx, own = self._context(), self._own_member()
+                await run_worker(self, ctx, own, poked=self.poked, relay=self.relay)
         finally:
             await cancel_quietly(keeping)
 
@@ -284,21 +304,6 @@ class Rendezvous(AsyncResource):
         exc = task.exception()
         log.error("keepalive_crashed", extra={"error": repr(exc)}, exc_info=exc)
         self.fail(Reason("internal_error", f"the keep-alive stopped: {exc!r}; see the log"))
-
-    async def _run_worker(self) -> None:
-        relay = self.relay
-        worker = Worker(
-            self,
-            self._context(),
-            poked=self.poked,
-            on_joined=None if relay is None else relay.upstream_joined,
-        )
-        if relay is None:
-            await worker.run(self._own_member())
-            return
-        async with asyncio.TaskGroup() as group:
-            group.create_task(worker.run(self._own_member()))
-            group.create_task(relay.run())
 
     def _own_member(self) -> Member:
         tf, jax, probe_port = self.held.get("tf"), self.held.get("jax"), self.held.get("probe")

@@ -10,27 +10,23 @@ fast path, never a single point of failure.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
 
 from rallypoint import wire
 from rallypoint.core import fanout
 from rallypoint.core.backoff import Backoff
-from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
+from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.rendezvous.context import NodeContext
-from rallypoint.rendezvous.masterbook import EncodedDoc, stale_generation, wait_until
-from rallypoint.rendezvous.race import unless_set
+from rallypoint.rendezvous.masterbook import EncodedDoc
+from rallypoint.rendezvous.upstream import Upstream
+from rallypoint.rendezvous.verdict import stale_generation
+from rallypoint.rendezvous.waits import coalesce, wait_until
 from rallypoint.wire import batch as wirebatch
 from rallypoint.wire import routes
 from rallypoint.wire.fields import dump
-
-log = logging.getLogger("rallypoint.rendezvous")
-
-T = TypeVar("T")
 
 #: Longest a join waits here for the master's word before the member is told to go direct.
 JOIN_WAIT_S = 5.0
@@ -64,8 +60,8 @@ class Relay:
         #: The ranks this relay serves (itself excluded).
         self.ranks = fanout.group(spec.rank, size, spec.nnodes)
         self._send_poke = poke
-        #: The master's peer API and epoch, from this node's own last join.
-        self.upstream: tuple[str, int] | None = None
+        #: The master: where batches go (its peer API) and its epoch, from our own last join.
+        self.upstream = Upstream(ctx, self._unavailable)
         self.epoch: str | None = None
         self._upstream_known = asyncio.Event()
         self.members: dict[int, Member] = {}
@@ -82,16 +78,13 @@ class Relay:
         self._reports_due = asyncio.Event()
         self.verdict: wire.Verdict | None = None
         self._verdict_changed = asyncio.Event()
-        #: The last failure to reach the master, for /status.
-        self.problem: str | None = None
-        self.batches_sent = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- what the node's own worker loop tells the relay ------------------------------------
 
     def upstream_joined(self, target: tuple[str, int], answer: wire.JoinAnswer) -> None:
         """This node joined the master at ``target``: batches go there; a new epoch re-sends all."""
-        self.upstream = target
+        self.upstream.target = target
         if self.epoch is None:
             # Members that started before this sidecar listened went to the master directly
             # and stay there until poked: bring them into the tree.
@@ -199,10 +192,10 @@ class Relay:
             "ranks": [self.ranks.start, self.ranks.stop - 1] if self.ranks else [],
             "joined": len(self.members),
             "waiting_to_send": len(self._unsent),
-            "batches_sent": self.batches_sent,
+            "batches_sent": self.upstream.batches_sent,
             "generation": None if self.doc is None else self.doc.generation,
             "verdict_version": None if self.verdict is None else self.verdict.version,
-            "problem": self.problem,
+            "problem": self.upstream.problem,
         }
 
     # -- the batches ---------------------------------------------------------------------------
@@ -225,7 +218,9 @@ class Relay:
         while True:
             await self._joins_due.wait()
             await self._upstream_known.wait()
-            await self._coalesce(self._joins_due, lambda: len(self.members) == len(self.ranks))
+            await coalesce(
+                self._joins_due, lambda: len(self.members) == len(self.ranks), COALESCE_S
+            )
             self._joins_due.clear()
             batch, self._unsent = self._unsent, {}
             waiters = {rank: self._join_waiters.pop(rank, []) for rank in batch}
@@ -234,7 +229,9 @@ class Relay:
                 body = wirebatch.encode_join_batch(
                     wirebatch.JoinBatch(spec.session, spec.rank, tuple(chunk))
                 )
-                outcome = await self._call(routes.JOINS.path, self._post_joins(body))
+                outcome = await self.upstream.call(
+                    routes.JOINS.path, self.upstream.post_joins(body)
+                )
                 for member in chunk:
                     for waiter in waiters.get(member.rank, []):
                         if waiter.done():
@@ -251,7 +248,6 @@ class Relay:
                         self._turned_away.add(member.rank)
 
     async def _send_reports(self) -> None:
-        spec = self.ctx.spec
         backoff = Backoff(
             self.ctx.settings.backoff_initial_s, self.ctx.settings.backoff_max_s, rng=self.ctx.rng
         )
@@ -261,7 +257,9 @@ class Relay:
                 await self._reports_due.wait()
                 self._reports_due.clear()
                 continue
-            await self._coalesce(self._reports_due, functools.partial(self._all_reported, doc))
+            await coalesce(
+                self._reports_due, functools.partial(self._all_reported, doc), COALESCE_S
+            )
             self._reports_due.clear()
             if self.doc is not doc:
                 continue
@@ -269,19 +267,11 @@ class Relay:
             items = [batch[rank] for rank in sorted(batch)]
             chunks = list(wirebatch.chunks(items, _report_size)) or [[]]
             for index, chunk in enumerate(chunks):
-                current = self._current_verdict(doc)
-                body = wirebatch.encode_report_batch(
-                    wirebatch.ReportBatch(
-                        session=spec.session,
-                        generation=doc.generation,
-                        relay=spec.rank,
-                        reports=tuple(chunk),
-                        seen=-1 if current is None else current.version,
-                        hold=index == len(chunks) - 1,
-                    )
-                )
-                outcome = await self._call(
-                    routes.REPORTS.path, self._post_reports(body), interrupt=self._reports_due
+                body = self._report_batch(doc, chunk, hold=index == len(chunks) - 1)
+                outcome = await self.upstream.call(
+                    routes.REPORTS.path,
+                    self.upstream.post_reports(body),
+                    interrupt=self._reports_due,
                 )
                 if isinstance(outcome, wire.Verdict):
                     backoff.reset()
@@ -300,49 +290,19 @@ class Relay:
                     await backoff.sleep()
                 break
 
-    async def _post_joins(self, body: bytes) -> wire.JoinAnswer:
-        return await self.ctx.client.post_join(
-            self._target(), body, self.ctx.spec.session, routes.JOINS
+    def _report_batch(self, doc: ClusterDoc, chunk: list[wire.Report], *, hold: bool) -> bytes:
+        """A batch of the group's reports on ``doc``, naming the verdict version we hold."""
+        spec, current = self.ctx.spec, self._current_verdict(doc)
+        return wirebatch.encode_report_batch(
+            wirebatch.ReportBatch(
+                session=spec.session,
+                generation=doc.generation,
+                relay=spec.rank,
+                reports=tuple(chunk),
+                seen=-1 if current is None else current.version,
+                hold=hold,
+            )
         )
-
-    async def _post_reports(self, body: bytes) -> wire.Verdict:
-        return await self.ctx.client.post_report(self._target(), body, routes.REPORTS)
-
-    async def _call(
-        self, route: str, send: Awaitable[T], *, interrupt: asyncio.Event | None = None
-    ) -> T | JoinRejected | None:
-        """One upstream request to ``route``: its answer, the refusal (the master's, or a 503
-        for the group when it cannot be reached), or None if ``interrupt`` was set first;
-        counted in rallypoint_relay_batches by result."""
-        request = await unless_set(send, interrupt)
-        batches = self.ctx.metrics.relay_batches
-        if request.cancelled():
-            batches.labels(route, "interrupted").inc()
-            return None
-        try:
-            answer = request.result()
-        except JoinRejected as exc:
-            self.problem = str(exc)
-            batches.labels(route, exc.code).inc()
-            return exc  # the master's own refusal: the member gets its word
-        except (PeerDown, AuthError, PeerMessageError) as exc:
-            self.problem = str(exc)
-            batches.labels(route, "unreachable").inc()
-            log.info("relay_upstream_failed", extra={"error": str(exc)})
-            return self._unavailable(f"it cannot reach the master: {exc}")
-        self.problem = None
-        self.batches_sent += 1
-        batches.labels(route, "accepted").inc()
-        return answer
-
-    async def _coalesce(self, due: asyncio.Event, complete: Callable[[], bool]) -> None:
-        """Wait until ``complete()`` or COALESCE_S passed, so a herd goes up as one batch."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + COALESCE_S
-        while not complete() and (left := end - loop.time()) > 0:
-            due.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(due.wait(), left)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -375,11 +335,6 @@ class Relay:
             f"the relay {self.ctx.spec.host} cannot answer: {why}; join the master directly",
         )
 
-    def _target(self) -> tuple[str, int]:
-        if self.upstream is None:
-            raise PeerDown("the master's peer API address is not known yet")
-        return self.upstream
-
     def _all_reported(self, doc: ClusterDoc) -> bool:
         """Every member reported on ``doc`` (or a newer document came): time to send."""
         return self.doc is not doc or all(rank in self.reports for rank in self.ranks)
@@ -392,7 +347,6 @@ class Relay:
         self.doc = doc
         self.encoded_doc = None if doc is None else EncodedDoc.of(doc)
         self.reports, self._unsent_reports = {}, {}
-        self.verdict = None
         # Replace each event, then set the old one: every waiter wakes exactly once.
         changed, self._doc_changed = self._doc_changed, asyncio.Event()
         changed.set()

@@ -58,8 +58,8 @@ def document(
     }
     if book is not None:
         out["cluster"] = _cluster(book)
-        out["links"] = book.link_view()
-        out["link_warnings"] = [r.as_json() for r in book.link_warnings]
+        out["links"] = book.verdict.link_view()
+        out["link_warnings"] = [r.as_json() for r in book.verdict.link_warnings]
     for name, section in sections.items():
         try:
             out[name] = section()
@@ -159,7 +159,7 @@ def _checks(settings: Settings, verification: Verification | None) -> dict[str, 
 def _cluster(book: MasterBook) -> list[dict[str, object]]:
     """The master's view: each node's last report of the current generation (first 256)."""
     nodes: list[dict[str, object]] = []
-    for rank, report in sorted(book.reports.items())[:256]:
+    for rank, report in sorted(book.verdict.reports.items())[:256]:
         nodes.append(
             {
                 "rank": rank,
@@ -192,7 +192,7 @@ def mesh_view(book: MasterBook, settings: Settings) -> dict[str, object]:
     return mesh.view(
         hosts=spec.hosts,
         generation=None if doc is None else doc.generation,
-        reports=book.reports,
+        reports=book.verdict.reports,
         scope=mesh.scope_of(spec.nnodes, settings.resolve_scope, spec.session),
-        excused=book.excused,
+        excused=book.verdict.excused,
     )

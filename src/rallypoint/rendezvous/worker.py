@@ -17,6 +17,7 @@ from rallypoint.net import resolve
 from rallypoint.reasons import Reason, auth_reason
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.race import unless_set
+from rallypoint.rendezvous.relay import Relay
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
@@ -30,6 +31,10 @@ RELAY_GRACE_S = 2.0
 #: a relay that takes longer is down or filtered, and the master takes the join instead;
 #: without the cap a member behind a filtered relay paid --resolve-timeout at every poke.
 RELAY_CONNECT_S = 1.0
+
+
+#: Where a join was accepted (the peer API's address), and the answer.
+Joined = tuple[tuple[str, int], wire.JoinAnswer]
 
 
 class _Rejoin(Exception):
@@ -138,10 +143,8 @@ class Worker:
                 self._refused = None
                 self.node.accept(doc)
 
-    async def _join(
-        self, own: Member, after: str | None, backoff: Backoff
-    ) -> tuple[tuple[str, int], wire.JoinAnswer]:
-        master = self.ctx.spec.master
+    async def _join(self, own: Member, after: str | None, backoff: Backoff) -> Joined:
+        """Join through our relay, else the master, until one accepts: where, and its answer."""
         body = wire.encode_join(wire.JoinRequest(self.ctx.spec.session, own, after))
         while True:
             if self.relay is not None and not self._skip_relay:
@@ -154,59 +157,62 @@ class Worker:
                     await backoff.sleep()
                     continue
                 self._skip_relay = True
-            res = await resolve.check(
-                self.ctx.resolver, master, None, timeout_s=self.ctx.settings.resolve_timeout_s
-            )
-            self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
-            accept = self.ctx.accept_loopback
-            problem = names.master_reason(res, accept_loopback=accept)
-            excused = None if problem else names.excuse(res, accept_loopback=accept)
-            self.ctx.peers.resolved(0, res, excused=excused)
-            if problem is None:
-                problem = Reason("master_unreachable", f"no address of {master}", host=master)
-                for address in res.addresses:
-                    target = self.ctx.endpoint(master, address)
-                    try:
-                        answer = await self.ctx.client.post_join(
-                            target, body, self.ctx.spec.session
-                        )
-                    except PeerDown as exc:
-                        problem = Reason(
-                            "master_unreachable",
-                            f"cannot reach the master {master}'s peer API at {address}: "
-                            "is its sidecar running and the peer port open?",
-                            host=master,
-                            detail=str(exc),
-                        )
-                        continue
-                    except JoinRejected as exc:
-                        problem = Reason("join_rejected", str(exc), host=master, detail=exc.code)
-                        break
-                    except AuthError as exc:
-                        self.ctx.metrics.auth_failures.labels(auth_reason(exc)).inc()
-                        problem = self._auth_reason(exc)
-                        break
-                    except PeerMessageError as exc:
-                        problem = Reason(
-                            "master_answer_invalid", f"the master's join answer: {exc}", host=master
-                        )
-                        break
-                    self.ctx.metrics.join_attempts.labels("accepted").inc()
-                    self.ctx.readiness.master_problem = None
-                    if self._on_joined is not None:
-                        self._on_joined(target, answer)
-                    return target, answer
-            self.ctx.metrics.join_attempts.labels(problem.code).inc()
+            outcome = await self._join_master(body)
+            if not isinstance(outcome, Reason):
+                return outcome
+            self.ctx.metrics.join_attempts.labels(outcome.code).inc()
             if self.ctx.readiness.ready:
-                self.ctx.readiness.master_problem = problem
+                self.ctx.readiness.master_problem = outcome
             else:
-                self.ctx.readiness.not_ready(problem)
+                self.ctx.readiness.not_ready(outcome)
             if await backoff.sleep():
                 self._skip_relay = False  # poked: the relay may be back
 
-    async def _join_relay(
-        self, relay: str, body: bytes
-    ) -> tuple[tuple[tuple[str, int], wire.JoinAnswer] | None, bool]:
+    async def _join_master(self, body: bytes) -> Joined | Reason:
+        """Resolve the master and join it at each of its addresses: where and its answer, or
+        why none accepted."""
+        master = self.ctx.spec.master
+        res = await resolve.check(
+            self.ctx.resolver, master, None, timeout_s=self.ctx.settings.resolve_timeout_s
+        )
+        self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
+        accept = self.ctx.accept_loopback
+        problem = names.master_reason(res, accept_loopback=accept)
+        excused = None if problem else names.excuse(res, accept_loopback=accept)
+        self.ctx.peers.resolved(0, res, excused=excused)
+        if problem is not None:
+            return problem
+        problem = Reason("master_unreachable", f"no address of {master}", host=master)
+        for address in res.addresses:
+            target = self.ctx.endpoint(master, address)
+            try:
+                answer = await self.ctx.client.post_join(target, body, self.ctx.spec.session)
+            except PeerDown as exc:
+                problem = Reason(
+                    "master_unreachable",
+                    f"cannot reach the master {master}'s peer API at {address}: "
+                    "is its sidecar running and the peer port open?",
+                    host=master,
+                    detail=str(exc),
+                )
+                continue
+            except JoinRejected as exc:
+                return Reason("join_rejected", str(exc), host=master, detail=exc.code)
+            except AuthError as exc:
+                self.ctx.metrics.auth_failures.labels(auth_reason(exc)).inc()
+                return self._auth_reason(exc)
+            except PeerMessageError as exc:
+                return Reason(
+                    "master_answer_invalid", f"the master's join answer: {exc}", host=master
+                )
+            self.ctx.metrics.join_attempts.labels("accepted").inc()
+            self.ctx.readiness.master_problem = None
+            if self._on_joined is not None:
+                self._on_joined(target, answer)
+            return target, answer
+        return problem
+
+    async def _join_relay(self, relay: str, body: bytes) -> tuple[Joined | None, bool]:
         """Join through our relay: (where and its answer, or None when it cannot answer;
         whether it was only unreachable rather than refusing)."""
         res = await resolve.check(
@@ -286,3 +292,19 @@ class Worker:
                 host=self.ctx.spec.master,
             )
         return None
+
+
+async def run_worker(
+    node: WorkerNode, ctx: NodeContext, own: Member, *, poked: asyncio.Event, relay: Relay | None
+) -> None:
+    """Join as ``own`` and follow the master until cancelled; beside it, serve ``relay``'s
+    group when this node relays for one (it sends its batches where the join was accepted)."""
+    worker = Worker(
+        node, ctx, poked=poked, on_joined=None if relay is None else relay.upstream_joined
+    )
+    if relay is None:
+        await worker.run(own)
+        return
+    async with asyncio.TaskGroup() as group:
+        group.create_task(worker.run(own))
+        group.create_task(relay.run())

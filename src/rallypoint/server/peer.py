@@ -10,7 +10,6 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from rallypoint import wire
 from rallypoint.auth import NONCE_HEADER
 from rallypoint.errors import MeshUnavailable
 from rallypoint.reasons import Reason
@@ -24,7 +23,7 @@ from rallypoint.server.common import (
     log,
     single_query,
 )
-from rallypoint.wire import fields, routes
+from rallypoint.wire import cluster, fields, routes
 from rallypoint.wire.stamps import ClockStamp
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -148,7 +147,7 @@ async def _cluster(request: web.Request) -> web.Response:
     payload = encoded.body
     if encoded.gzipped is not None:
         headers["Vary"] = "Accept-Encoding"
-        if wire.accepts_gzip(request.headers.get("Accept-Encoding", "")):
+        if cluster.accepts_gzip(request.headers.get("Accept-Encoding", "")):
             # The signature covers the decoded body, which HTTP clients hand back.
             headers["Content-Encoding"] = "gzip"
             payload = encoded.gzipped

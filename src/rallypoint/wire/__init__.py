@@ -1,9 +1,9 @@
-"""Pure peer-message codec: joins and their answers, pokes, cluster documents, reports, verdicts.
+"""Pure peer-message codec: joins and their answers, pokes, members, reports, verdicts.
 
 Everything a peer sends is untrusted input. Each parser checks the size first, then the
 JSON shape, then every field, and returns a frozen value or raises PeerMessageError naming
 the field at fault; it never returns a half-validated value. The rules for single fields are
-in wire/fields.py.
+in wire/fields.py; the cluster document, made of the members a join carries, in wire/cluster.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import msgspec
 
 from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import ClusterDoc, Member
+from rallypoint.model import Member
 from rallypoint.reasons import Reason
 
 # Part of this module's contract: the APIs apply the same rules to query strings and addresses.
@@ -43,8 +43,6 @@ from rallypoint.wire.stamps import (
 
 #: Largest join or poke body accepted (a join carries at most MAX_ADDRESSES addresses).
 MAX_JOIN_BYTES = 16 * 1024
-#: Largest cluster document accepted: about 4096 nodes with a few addresses each.
-MAX_DOC_BYTES = 8 * 1024 * 1024
 #: Largest number of addresses one node may report.
 MAX_ADDRESSES = 64
 
@@ -139,53 +137,6 @@ def parse_poke(body: bytes) -> Poke:
     return Poke(
         session=session(data.get("session"), "session"),
         epoch=generation(data.get("epoch"), "epoch"),
-    )
-
-
-def encode_cluster_doc(doc: ClusterDoc) -> bytes:
-    """The JSON body of GET /v1/cluster."""
-    return dump(
-        {
-            "session": doc.session,
-            "generation": doc.generation,
-            "master_host": doc.master_host,
-            "master_port": doc.master_port,
-            "members": [member_json(m) for m in doc.members],
-        }
-    )
-
-
-def parse_cluster_doc(body: bytes) -> ClusterDoc:
-    """Validate a cluster document: ranks 0..N-1 in order, unique hosts, master is rank 0."""
-    data = load(body, MAX_DOC_BYTES, "cluster document")
-    raw_members = data.get("members")
-    if not isinstance(raw_members, list) or not 1 <= len(raw_members) <= MAX_NODES:
-        raise PeerMessageError(f"cluster document: members must be a list of 1-{MAX_NODES} nodes")
-    members: list[Member] = []
-    for index, raw in enumerate(raw_members):
-        if not isinstance(raw, dict):
-            raise PeerMessageError(f"cluster document: members[{index}] is not an object")
-        member = member_from(raw, f"members[{index}]")
-        if member.rank != index:
-            raise PeerMessageError(
-                f"cluster document: members[{index}] has rank {member.rank}, expected {index}"
-            )
-        members.append(member)
-    hosts = [m.host.lower() for m in members]
-    if len(set(hosts)) != len(hosts):
-        raise PeerMessageError("cluster document: a host appears twice in members")
-    master_host = host_name(data.get("master_host"), "master_host")
-    if master_host != members[0].host:
-        raise PeerMessageError(
-            f"cluster document: master_host {master_host!r} is not members[0].host "
-            f"{members[0].host!r}"
-        )
-    return ClusterDoc(
-        session=session(data.get("session"), "session"),
-        generation=generation(data.get("generation"), "generation"),
-        master_host=master_host,
-        master_port=integer(data.get("master_port"), "master_port", 1, 65535),
-        members=tuple(members),
     )
 
 
@@ -350,23 +301,6 @@ def parse_verdict(body: bytes) -> Verdict:
         warnings=tuple(warnings),
         clock=stamp_from(data.get("clock"), "verdict"),
     )
-
-
-def accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an Accept-Encoding header value names gzip without refusing it (q=0)."""
-    for item in accept_encoding.split(","):
-        coding, _, params = item.partition(";")
-        if coding.strip().lower() not in ("gzip", "x-gzip"):
-            continue
-        for param in params.split(";"):
-            name, _, value = param.partition("=")
-            if name.strip().lower() == "q":
-                try:
-                    return float(value) > 0
-                except ValueError:
-                    return False
-        return True
-    return False
 
 
 def member_json(member: Member) -> dict[str, object]:

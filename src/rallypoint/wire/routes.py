@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from rallypoint import wire
 from rallypoint.core import mesh
-from rallypoint.wire import alive, batch, fields
+from rallypoint.wire import alive, batch, cluster, fields
 
 #: Which of the client's deadlines a route's request runs under: one exchange
 #: (``--resolve-timeout``), a long-poll (``--long-poll`` plus one exchange), twice an
@@ -84,8 +84,8 @@ JOINS = Route(
 )  # fmt: skip
 #: The cluster document as a long-poll: a newer one, or 204 when the poll timed out.
 CLUSTER = Route(
-    "GET", "/v1/cluster", "handle_cluster", None, wire.encode_cluster_doc,
-    wire.parse_cluster_doc, wire.MAX_DOC_BYTES, "long_poll", query="after",
+    "GET", "/v1/cluster", "handle_cluster", None, cluster.encode_cluster_doc,
+    cluster.parse_cluster_doc, cluster.MAX_DOC_BYTES, "long_poll", query="after",
     served_by="master, or a relay for its group",
 )  # fmt: skip
 #: Whether the answering node is ready.
