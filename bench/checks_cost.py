@@ -25,10 +25,15 @@ from __future__ import annotations
 
 import re
 import statistics
+import sys
 from pathlib import Path
 
 import common
-from time_to_ready import each_cluster, harness, one_run
+from time_to_ready import each_cluster, one_run
+
+sys.path.insert(0, str(common.REPO))
+from tests.support.cluster.build import Cluster
+from tests.support.cluster.nodes import Node
 
 VARIANTS = {"checks": (), "no_probe": ("--no-probe",)}
 _PROBE_BYTES = re.compile(
@@ -36,7 +41,7 @@ _PROBE_BYTES = re.compile(
 )
 
 
-def probe_bytes(node: harness.Node) -> dict[str, float]:
+def probe_bytes(node: Node) -> dict[str, float]:
     """rallypoint_probe_bytes_total by direction from node's /metrics ({} when not exported)."""
     reply = node.try_get("/metrics")
     if reply is None or reply.status != 200:
@@ -44,7 +49,7 @@ def probe_bytes(node: harness.Node) -> dict[str, float]:
     return {direction: float(value) for direction, value in _PROBE_BYTES.findall(reply.text)}
 
 
-def after_ready(cluster: harness.Cluster, out: dict[str, float]) -> None:
+def after_ready(cluster: Cluster, out: dict[str, float]) -> None:
     """Bytes each node sent (mean, max over nodes) and the master's link warnings, into out."""
     nodes = list(cluster)
     sent = [probe_bytes(node).get("sent", 0.0) for node in nodes]

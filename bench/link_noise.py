@@ -1,6 +1,6 @@
 """Link figures on a clean cluster: how far the measured links spread with no fault at all.
 
-Starts a namespace cluster (tests/multihost/harness.py, a session token, default settings:
+Starts a namespace cluster (tests/support/cluster/, a session token, default settings:
 the data-path checks measure throughput, retransmits and RTT on links.measured_peers),
 waits until every node is ready, reads the master's /status ``links`` and
 ``link_warnings``, and starts over. Per run: the slowest up leg over the best up leg (and

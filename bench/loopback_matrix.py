@@ -1,6 +1,6 @@
 """Which own-name-on-loopback patterns break gloo and torchrun, with and without an interface.
 
-Three network namespaces (tests/multihost/harness.py), no sidecars: the env is written by
+Three network namespaces (tests/support/cluster/), no sidecars: the env is written by
 hand. For each launcher (plain gloo ``env://``, torchrun static, torchrun c10d), each pin
 pattern (which nodes see their OWN name as ``127.0.1.1`` in their own hosts file, while the
 other nodes map that name to its real address: Debian's ``127.0.1.1 <hostname>`` line)
@@ -26,7 +26,9 @@ from typing import Any
 import common
 
 sys.path.insert(0, str(common.REPO))
-from tests.multihost import harness
+from tests.support.cluster.build import Cluster
+from tests.support.cluster.runs import prerequisites, sweep_stale
+from tests.support.netns import IFNAME
 
 HOSTS = ("main1", "sub1", "sub2")  # rank order: main1 is rank 0 and MASTER_ADDR
 MASTER = HOSTS[0]
@@ -42,7 +44,7 @@ PATTERNS: dict[str, tuple[str, ...]] = {
     "all-three": HOSTS,
 }
 LAUNCHERS = ("gloo", "static", "c10d")
-IFNAMES: tuple[str | None, ...] = (None, harness.IFNAME)
+IFNAMES: tuple[str | None, ...] = (None, IFNAME)
 #: Node subnets on either side of 127.0.1.1: gloo's TCP pair dials from the larger address to
 #: the smaller one, so where the real addresses sort relative to loopback decides who listens.
 SUBNETS = ("10.213.0", "192.168.213")
@@ -95,7 +97,7 @@ def first_error(log: str) -> str | None:
     return None
 
 
-def resolved_self(cluster: harness.Cluster) -> dict[str, str]:
+def resolved_self(cluster: Cluster) -> dict[str, str]:
     """What each node's own name resolves to inside its own namespace (getent hosts)."""
     seen: dict[str, str] = {}
     for node in cluster:
@@ -105,7 +107,7 @@ def resolved_self(cluster: harness.Cluster) -> dict[str, str]:
 
 
 def one_job(
-    cluster: harness.Cluster,
+    cluster: Cluster,
     launcher: str,
     pinned: Sequence[str],
     ifname: str | None,
@@ -179,9 +181,9 @@ def one_job(
     }
 
 
-def subnet_cluster(subnet: str, workdir: Path) -> harness.Cluster:
+def subnet_cluster(subnet: str, workdir: Path) -> Cluster:
     """A cluster of HOSTS whose nodes take addresses in subnet (x.y.z) instead of the default."""
-    cluster = harness.Cluster(HOSTS, workdir)
+    cluster = Cluster(HOSTS, workdir)
     # Node addresses are plain fields read by up() and hosts_text(); setting them before up()
     # moves the whole cluster. The addresses exist only inside the namespaces, unrouted.
     for node in cluster:
@@ -193,7 +195,7 @@ def print_table(cells: Sequence[dict[str, Any]], subnets: Sequence[str]) -> None
     """One row per (subnet, pattern), one column per launcher: no ifname / with ifname."""
     launchers = list(dict.fromkeys(c["launcher"] for c in cells))
     patterns = list(dict.fromkeys(c["pattern"] for c in cells))
-    print(f"\ncell = without GLOO_SOCKET_IFNAME / with GLOO_SOCKET_IFNAME={harness.IFNAME}")
+    print(f"\ncell = without GLOO_SOCKET_IFNAME / with GLOO_SOCKET_IFNAME={IFNAME}")
     print(
         f"{'subnet':16s} {'own name -> 127.0.1.1 on':28s}" + "".join(f"{x:>22s}" for x in launchers)
     )
@@ -224,12 +226,12 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.patterns = ["none", "all-three"]
-    reason = harness.prerequisites()
+    reason = prerequisites()
     if reason is not None:
         raise SystemExit(f"loopback matrix needs network namespaces: {reason}")
     import torch  # the version is part of the result; also warms the page cache
 
-    harness.sweep_stale()
+    sweep_stale()
     cells: list[dict[str, Any]] = []
     port = 29600
     for subnet in args.subnets:

@@ -15,6 +15,7 @@ simulated workers down (they answer no keep-alive): the worst case, every peer d
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -22,7 +23,8 @@ from typing import Any
 import common
 import simcluster
 
-harness = simcluster.harness
+sys.path.insert(0, str(common.REPO))
+from tests.support.cluster.nodes import Node
 
 SIZES = (64, 1024, 4096)
 #: Families with a label per peer: their series must stay bounded as N grows.
@@ -35,7 +37,7 @@ PER_PEER = (
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", re.M)
 
 
-def measure(master: harness.Node, scrapes: int) -> dict[str, Any]:
+def measure(master: Node, scrapes: int) -> dict[str, Any]:
     """``scrapes`` fetches of the master's /metrics: size, series, time, per-peer series."""
     times, body = [], b""
     for _ in range(scrapes):
@@ -60,7 +62,7 @@ def _value(body: bytes, name: str) -> float:
 
 
 def after(scrapes: int, down_wait_s: float) -> Any:
-    def run(master: harness.Node) -> dict[str, Any]:
+    def run(master: Node) -> dict[str, Any]:
         ready = measure(master, scrapes)
         deadline = time.monotonic() + down_wait_s
         last, still = -1.0, 0

@@ -32,7 +32,11 @@ from typing import Any
 import common
 
 sys.path.insert(0, str(common.REPO))
-from tests.multihost import harness
+from tests.support.cluster import runs
+from tests.support.cluster.build import Cluster
+from tests.support.cluster.layout import PEER_PORT
+from tests.support.cluster.nodes import Node
+from tests.support.netns import wait_for
 
 from rallypoint.core import fanout
 
@@ -100,7 +104,7 @@ class SimResult:
 
 
 def prerequisites() -> str | None:
-    return harness.prerequisites()
+    return runs.prerequisites()
 
 
 def simulate(
@@ -114,7 +118,7 @@ def simulate(
     profile: Path | None = None,
     tree: bool = False,
     master_args: Sequence[str] = (),
-    after: Callable[[harness.Node], Any] | None = None,
+    after: Callable[[Node], Any] | None = None,
 ) -> SimResult:
     """Run one master and ``workers`` simulated workers; the cluster is torn down afterwards.
 
@@ -135,7 +139,7 @@ def simulate(
         names[real_relay - 1] = "relay1"
     workdir = Path(tempfile.mkdtemp(prefix="rp-sim-"))
 
-    def environ_for(cluster: harness.Cluster, node: harness.Node) -> dict[str, str]:
+    def environ_for(cluster: Cluster, node: Node) -> dict[str, str]:
         return {
             "RALLYPOINT_HOSTS": ",".join(["main1", *names]),
             "RALLYPOINT_NODE_RANK": "0" if node.name == "main1" else str(real_relay),
@@ -143,7 +147,7 @@ def simulate(
             "RALLYPOINT_TOKEN": TOKEN,
         }
 
-    cluster = harness.Cluster(
+    cluster = Cluster(
         ("main1", "sim1", "relay1") if real_relay is not None else ("main1", "sim1"),
         workdir,
         sidecar_args=MASTER_ARGS,
@@ -162,7 +166,7 @@ def simulate(
         tree_args = (*(() if tree else ("--relay-group", "0")), *master_args)
         proc = master.start_sidecar(tree_args)
         os.sched_setaffinity(proc.pid, {0})
-        harness.wait_for(
+        wait_for(
             lambda: master.try_get("/livez"), timeout_s=30, interval_s=0.02, what="master /livez"
         )
         relay_node = relay_proc = None
@@ -171,7 +175,7 @@ def simulate(
             relay_node.write_hosts(cluster.hosts_text({}) + extra)
             relay_proc = relay_node.start_sidecar(tree_args)
             os.sched_setaffinity(relay_proc.pid, set(sim_cpus))
-            harness.wait_for(
+            wait_for(
                 lambda: relay_node.try_get("/livez"),
                 timeout_s=30,
                 interval_s=0.02,
@@ -212,7 +216,7 @@ def simulate(
                 sys.executable,
                 str(common.BENCH_DIR / "simpeers.py"),
                 "--master",
-                f"{master.address}:{harness.PEER_PORT}",
+                f"{master.address}:{PEER_PORT}",
                 "--session",
                 cluster.session,
                 "--first",
@@ -235,7 +239,7 @@ def simulate(
                     "--real-relay",
                     str(real_relay),
                     "--relay-address",
-                    f"{relay_node.address}:{harness.PEER_PORT}",
+                    f"{relay_node.address}:{PEER_PORT}",
                 ]
             if not poll:
                 argv.append("--no-poll")
@@ -291,7 +295,7 @@ def simulate(
         )
 
 
-def tcp_ext(node: harness.Node) -> dict[str, int]:
+def tcp_ext(node: Node) -> dict[str, int]:
     """The TcpExt counters of /proc/net/netstat as seen inside node's namespace."""
     lines = node.run(["cat", "/proc/net/netstat"]).stdout.splitlines()
     for names, values in zip(lines[::2], lines[1::2], strict=False):

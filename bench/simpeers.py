@@ -40,6 +40,7 @@ from rallypoint.core import fanout
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.model import Member
 from rallypoint.wire import batch as wirebatch
+from rallypoint.wire import cluster
 
 
 async def http(
@@ -82,7 +83,7 @@ class Documents:
             return known[0]
         body = gzip.decompress(payload) if headers.get("content-encoding") == "gzip" else payload
         self.checker.verify("200 /v1/cluster", body, headers)
-        parsed = wire.parse_cluster_doc(body)
+        parsed = cluster.parse_cluster_doc(body)
         self.members = len(parsed.members)
         self.body_bytes = len(body)
         self.seen[payload] = (parsed.generation, hashlib.sha256(body).hexdigest())

@@ -1,6 +1,6 @@
 """How fast `rallypoint run` stops a real job everywhere, beside the collective timeout it replaces.
 
-A namespace cluster (tests/multihost/harness.py, default sidecar settings: a keep-alive every
+A namespace cluster (tests/support/cluster/, default sidecar settings: a keep-alive every
 3 s) runs `rallypoint run -- steps.py` on every node: a gloo loop that computes for
 --compute seconds, then all-reduces --mib MiB of float32, with gloo's default collective
 timeout of 30 minutes. Each run injects one fault and times, on every other node, the moment
@@ -43,8 +43,11 @@ import common
 from time_to_ready import each_cluster
 
 sys.path.insert(0, str(common.REPO))
-from tests.multihost import harness
 from tests.support import steps
+from tests.support.cluster.build import Cluster
+from tests.support.cluster.nodes import Node
+from tests.support.cluster.procs import Proc
+from tests.support.netns import wait_for
 
 #: Gloo's default collective timeout (torch.distributed): what a blocked job waits out.
 GLOO_TIMEOUT_S = 1800.0
@@ -54,19 +57,19 @@ FAIL_TARGET_S = 2.0
 LOST_TARGET_S = 16.0
 
 
-def lines(proc: harness.Proc, kind: str) -> list[dict[str, Any]]:
+def lines(proc: Proc, kind: str) -> list[dict[str, Any]]:
     prefix = kind + " "
     return [json.loads(x[len(prefix) :]) for x in proc.log().splitlines() if x.startswith(prefix)]
 
 
-def start_jobs(cluster: harness.Cluster, launcher: list[str], job: list[str]) -> dict[str, Any]:
+def start_jobs(cluster: Cluster, launcher: list[str], job: list[str]) -> dict[str, Any]:
     script = str(steps.__file__)
     argv = [sys.executable, "-m", "rallypoint", *launcher, "--", sys.executable, script]
     return {node.name: node.spawn([*argv, *job], label="job") for node in cluster}
 
 
-def wait_steps(cluster: harness.Cluster, procs: dict[str, Any], step: int) -> None:
-    harness.wait_for(
+def wait_steps(cluster: Cluster, procs: dict[str, Any], step: int) -> None:
+    wait_for(
         lambda: all(any(s["step"] >= step for s in lines(p, "STEP")) for p in procs.values()),
         timeout_s=240.0,
         what=f"every rank past step {step}",
@@ -74,7 +77,7 @@ def wait_steps(cluster: harness.Cluster, procs: dict[str, Any], step: int) -> No
     )
 
 
-def vanish(node: harness.Node) -> float:
+def vanish(node: Node) -> float:
     """The node's link goes down, then every process in its namespace dies; when."""
     node.link_down()
     at = time.time()
@@ -85,7 +88,7 @@ def vanish(node: harness.Node) -> float:
     return at
 
 
-def fresh(cluster: harness.Cluster) -> None:
+def fresh(cluster: Cluster) -> None:
     """Every sidecar (re)started and ready; every old process gone."""
     for node in cluster:
         for proc in node.procs:
@@ -97,7 +100,7 @@ def fresh(cluster: harness.Cluster) -> None:
     cluster.wait_all_ready(120.0)
 
 
-def one_run(cluster: harness.Cluster, scenario: str, args: Any) -> dict[str, Any]:
+def one_run(cluster: Cluster, scenario: str, args: Any) -> dict[str, Any]:
     fresh(cluster)
     nodes = list(cluster)
     victim = nodes[0] if scenario == "lost-master" else nodes[1]
@@ -115,7 +118,7 @@ def one_run(cluster: harness.Cluster, scenario: str, args: Any) -> dict[str, Any
     try:
         wait_steps(cluster, procs, 1)
         if scenario == "fail":
-            harness.wait_for(lambda: lines(procs[victim.name], "FAIL"), timeout_s=120.0,
+            wait_for(lambda: lines(procs[victim.name], "FAIL"), timeout_s=120.0,
                              what="the failure", describe=cluster.logs)  # fmt: skip
             t0 = lines(procs[victim.name], "FAIL")[0]["at"]
         else:
@@ -193,7 +196,7 @@ def main() -> None:
 
 async def fanout_run(n: int) -> dict[str, Any]:
     """N sidecars in one loop: from one node's failure report to the first failure on all."""
-    from tests.support.cluster import ready_cluster
+    from tests.support.cluster.inprocess import ready_cluster
 
     from rallypoint.wire.jobs import Report
 

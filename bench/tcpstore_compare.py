@@ -49,7 +49,8 @@ import common
 import simcluster
 
 sys.path.insert(0, str(common.REPO))
-from tests.multihost import harness
+from tests.support.cluster.build import Cluster
+from tests.support.netns import wait_for
 
 STORE_PORT = 29400
 #: resolv.conf for the store's namespaces: nothing listens there, so every query fails at once.
@@ -184,9 +185,7 @@ def store_clients(args: argparse.Namespace) -> None:
 
 def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="rp-store-"))
-    cluster = harness.Cluster(
-        ("main1", "sim1"), workdir, session=f"store-{os.getpid()}", sidecar_args=()
-    )
+    cluster = Cluster(("main1", "sim1"), workdir, session=f"store-{os.getpid()}", sidecar_args=())
     me = str(Path(__file__).resolve())
     with cluster:
         master, sim = cluster["main1"], cluster["sim1"]
@@ -205,9 +204,7 @@ def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
             label="tcpstore",
         )  # fmt: skip
         os.sched_setaffinity(server.pid, {0})
-        harness.wait_for(
-            lambda: "serving" in server.log(), timeout_s=30, interval_s=0.02, what="TCPStore"
-        )
+        wait_for(lambda: "serving" in server.log(), timeout_s=30, interval_s=0.02, what="TCPStore")
         time.sleep(0.5)
         cpu0 = common.cpu_seconds(server.pid)
         rss0 = common.memory_kib(server.pid)["VmRSS"] / 1024

@@ -1,4 +1,4 @@
-"""Time to ready on a network-namespace cluster (tests/multihost/harness.py), N = 2..16.
+"""Time to ready on a network-namespace cluster (tests/support/cluster/), N = 2..16.
 
 Two scenarios per run, each with rallypoint and two baseline waits side by side:
 
@@ -33,25 +33,31 @@ from pathlib import Path
 import common
 
 sys.path.insert(0, str(common.REPO))
-from tests.multihost import harness
+from tests.support.cluster.build import Cluster
+from tests.support.cluster.layout import LOCAL_PORT
+from tests.support.cluster.netio import http_get
+from tests.support.cluster.nodes import Node
+from tests.support.cluster.procs import Proc
+from tests.support.cluster.runs import prerequisites, sweep_stale
+from tests.support.netns import wait_for
 
 TOKEN = "bench-session-secret"
 BASELINE = common.BENCH_DIR / "baseline_wait.py"
 
 
-def exit_time(proc: harness.Proc, timeout_s: float) -> float:
+def exit_time(proc: Proc, timeout_s: float) -> float:
     """The monotonic time a baseline loop printed when it finished."""
     proc.wait(timeout_s)
     line = next(t for t in proc.log().splitlines() if t.startswith("done "))
     return float(line.split()[1])
 
 
-def started(proc: harness.Proc) -> bool:
+def started(proc: Proc) -> bool:
     return "started" in proc.log()
 
 
 def watch(
-    node: harness.Node,
+    node: Node,
     out: dict[str, float],
     spawned: bool,
     on_live: Callable[[], None] | None = None,
@@ -65,9 +71,7 @@ def watch(
             on_live()
     while True:
         try:
-            reply = harness.http_get(
-                node.ns, "127.0.0.1", harness.LOCAL_PORT, "/env?wait=60", timeout_s=70
-            )
+            reply = http_get(node.ns, "127.0.0.1", LOCAL_PORT, "/env?wait=60", timeout_s=70)
         except OSError:
             time.sleep(0.005)
             continue
@@ -77,7 +81,7 @@ def watch(
 
 
 def one_run(
-    cluster: harness.Cluster,
+    cluster: Cluster,
     scenario: str,
     wait_s: float,
     args: tuple[str, ...] = (),
@@ -106,13 +110,13 @@ def one_run(
             node.spawn([sys.executable, str(BASELINE), "sagemaker", *hosts], label="sagemaker")
         )
     for node in early:
-        harness.wait_for(
+        wait_for(
             lambda node=node: node.try_get("/livez"),
             timeout_s=60,
             interval_s=0.02,
             what=f"{node.name} /livez",
         )
-    harness.wait_for(
+    wait_for(
         lambda: all(started(p) for p in baselines),
         timeout_s=30,
         interval_s=0.02,
@@ -156,21 +160,19 @@ def one_run(
     }
 
 
-def each_cluster(
-    sizes: list[int], benchmark: str, prefix: str
-) -> Iterator[tuple[int, harness.Cluster]]:
+def each_cluster(sizes: list[int], benchmark: str, prefix: str) -> Iterator[tuple[int, Cluster]]:
     """A namespace cluster of each size (main1, sub1 ...) with a session token, torn down after.
 
     Exits saying why when network namespaces are unavailable.
     """
-    reason = harness.prerequisites()
+    reason = prerequisites()
     if reason is not None:
         raise SystemExit(f"{benchmark} benchmark needs network namespaces: {reason}")
-    harness.sweep_stale()
+    sweep_stale()
     for n in sizes:
         hosts = ["main1", *(f"sub{i}" for i in range(1, n))]
         workdir = Path(tempfile.mkdtemp(prefix=prefix))
-        with harness.Cluster(hosts, workdir, sidecar_env={"RALLYPOINT_TOKEN": TOKEN}) as cluster:
+        with Cluster(hosts, workdir, sidecar_env={"RALLYPOINT_TOKEN": TOKEN}) as cluster:
             yield n, cluster
 
 

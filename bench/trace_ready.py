@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import common
-from time_to_ready import each_cluster, harness, one_run
+from time_to_ready import each_cluster, one_run
+
+sys.path.insert(0, str(common.REPO))
+from tests.support.cluster.nodes import Node
 
 #: The events shown; the rest of the debug log is left out.
 EVENTS = (
@@ -38,7 +42,7 @@ EVENTS = (
 )
 
 
-def sidecar_cpu_s(node: harness.Node) -> float:
+def sidecar_cpu_s(node: Node) -> float:
     """CPU seconds of every thread of the node's sidecar.
 
     Its pid is the sidecar's own (the namespace wrapper execs it). Only that process's
@@ -85,9 +89,7 @@ def main() -> None:
             cpu: list[dict[str, float]] = []
             nodes = list(cluster)
 
-            def snapshot(
-                nodes: list[harness.Node] = nodes, cpu: list[dict[str, float]] = cpu
-            ) -> None:
+            def snapshot(nodes: list[Node] = nodes, cpu: list[dict[str, float]] = cpu) -> None:
                 cpu.append({n.name: sidecar_cpu_s(n) for n in nodes})
 
             run = one_run(

@@ -27,6 +27,7 @@ NODES = 4096
 CHILD = """
 import dataclasses, json, sys, timeit
 from rallypoint import wire
+from rallypoint.wire import cluster
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
 
@@ -35,7 +36,7 @@ def member(rank):
     return Member(rank, f"node{rank:05d}", (f"10.{rank >> 8 & 255}.{rank & 255}.{rank % 7 + 1}",),
                   tf_port=2222, probe_port=40000 + rank % 1000)
 doc = ClusterDoc("session-1", "g1", "node00000", 29500, tuple(member(r) for r in range(nodes)))
-doc_body = wire.encode_cluster_doc(doc)
+doc_body = cluster.encode_cluster_doc(doc)
 join_body = wire.encode_join(wire.JoinRequest("session-1", member(7), "g0"))
 report_body = wire.encode_report(wire.Report(
     "session-1", "g1", 7, "node00007", False,
@@ -47,15 +48,15 @@ if dataclasses.is_dataclass(verdict):
 else:
     import msgspec
     replace = msgspec.structs.replace
-assert wire.parse_cluster_doc(doc_body) == doc
+assert cluster.parse_cluster_doc(doc_body) == doc
 
 ops = {
     "parse_join": (lambda: wire.parse_join(join_body), 2000),
     "parse_report": (lambda: wire.parse_report(report_body), 2000),
     "make_member": (lambda: Member(7, "node00007", ("10.0.7.1",), tf_port=2222), 20000),
     "replace_verdict": (lambda: replace(verdict, pending=(2, 3), pending_count=2), 20000),
-    "encode_doc": (lambda: wire.encode_cluster_doc(doc), 3),
-    "parse_doc": (lambda: wire.parse_cluster_doc(doc_body), 3),
+    "encode_doc": (lambda: cluster.encode_cluster_doc(doc), 3),
+    "parse_doc": (lambda: cluster.parse_cluster_doc(doc_body), 3),
 }
 out = {}
 for name, (call, number) in ops.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Generator, Iterator
@@ -21,6 +22,11 @@ def require(condition: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"prerequisite missing in CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def require_module(module: str, install: str) -> None:
+    """Skip (fail in CI) when a framework is not installed."""
+    require(importlib.util.find_spec(module) is not None, f"{module} is not installed ({install})")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -18,7 +18,7 @@ from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.net import ports, probe
 from tests.conftest import require
-from tests.support.cluster import Cluster, all_ready, codes, moved_on, until
+from tests.support.cluster.inprocess import Cluster, all_ready, codes, moved_on, until
 from tests.support.steered import FAST, Steered, closed_port, start_steered
 from tests.support.tcpstore import run_tcpstore, torch_available
 
@@ -240,7 +240,7 @@ async def test_a_busy_master_window_is_excused_when_the_job_already_listens() ->
         await moved_on(c, old)
         windows = c.nodes[0].node.windows
         assert windows is not None
-        report = c.nodes[0].node.book.reports[0] if c.nodes[0].node.book else None
+        report = c.nodes[0].node.book.verdict.reports[0] if c.nodes[0].node.book else None
         assert report is not None and "master" in report.busy
     finally:
         if job is not None:

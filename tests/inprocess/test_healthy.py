@@ -10,7 +10,7 @@ import pytest
 
 from rallypoint.cli.status import format_status
 from rallypoint.sidecar import Sidecar
-from tests.support.cluster import ready_cluster
+from tests.support.cluster.inprocess import ready_cluster
 from tests.support.ports import free_port
 from tests.support.settings import fast_settings
 

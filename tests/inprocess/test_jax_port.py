@@ -11,7 +11,7 @@ from rallypoint.errors import PortError
 from rallypoint.model import ClusterSpec
 from rallypoint.sidecar import Sidecar
 from tests.fakes import FakeResolver
-from tests.support.cluster import SESSION, all_ready, cluster
+from tests.support.cluster.inprocess import SESSION, all_ready, cluster
 from tests.support.ports import free_port
 from tests.support.settings import fast_settings
 

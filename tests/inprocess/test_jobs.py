@@ -23,7 +23,7 @@ from rallypoint.rendezvous.keepalive import Keepalive
 from rallypoint.sidecar import Sidecar
 from rallypoint.wire import alive
 from rallypoint.wire.jobs import Report
-from tests.support.cluster import Cluster, all_ready, ready_cluster, until
+from tests.support.cluster.inprocess import Cluster, all_ready, ready_cluster, until
 
 TOKEN = "jobs-test-secret"
 #: A keep-alive every 0.2 s: a silent peer is named after 0.8 s.

@@ -15,7 +15,7 @@ import aiohttp
 
 from rallypoint.sidecar import Sidecar
 from tests.support.api import checked
-from tests.support.cluster import Cluster, all_ready, cluster, ready_cluster, until
+from tests.support.cluster.inprocess import Cluster, all_ready, cluster, ready_cluster, until
 
 TOKEN = "liveness-test-secret"
 #: A keep-alive every 0.2 s: a silent peer is named after 0.8 s.

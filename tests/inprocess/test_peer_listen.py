@@ -10,7 +10,7 @@ from rallypoint.model import ClusterSpec
 from rallypoint.sidecar import Sidecar
 from tests.conftest import require
 from tests.fakes import FakeResolver
-from tests.support.cluster import SESSION
+from tests.support.cluster.inprocess import SESSION
 from tests.support.ports import free_port
 from tests.support.settings import fast_settings
 

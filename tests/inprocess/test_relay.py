@@ -11,7 +11,7 @@ import json
 import aiohttp
 
 from rallypoint.sidecar import Sidecar
-from tests.support.cluster import (
+from tests.support.cluster.inprocess import (
     Cluster,
     all_ready,
     cluster,

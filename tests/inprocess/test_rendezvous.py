@@ -11,23 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
-from collections.abc import Callable
 
 import aiohttp
 import pytest
 
-from rallypoint import wire
-from rallypoint.auth import Authenticator
-from rallypoint.core.names import Resolution, Verdict, judge_own
-from rallypoint.errors import AuthError, PortError
+from rallypoint.errors import PortError
 from rallypoint.model import ClusterSpec
-from rallypoint.net import netinfo, ports
-from rallypoint.reasons import auth_reason
-from rallypoint.rendezvous import namecheck as verify
+from rallypoint.net import ports
 from rallypoint.sidecar import Sidecar
 from tests.fakes import FakeResolver
-from tests.support.cluster import (
+from tests.support.cluster.inprocess import (
     SESSION,
     Cluster,
     address,
@@ -126,62 +119,6 @@ async def test_resolution_failures_keep_the_cluster_not_ready(
             assert code in {r["code"] for r in body["reasons"]}
 
 
-async def test_own_name_on_loopback_names_the_address_and_the_remedies() -> None:
-    async with cluster(3, per_node={2: {"emit_ifname": False}}) as c:
-        c.resolvers[2].set("node2", ["127.0.1.1"])
-        await start_all(c)
-        await until(lambda: "self_loopback" in codes(c.nodes[2]))
-        reason = next(r for r in c.nodes[2].node.reasons() if r.code == "self_loopback")
-        for needle in ("node2", "127.0.1.1", "/etc/hosts", "--no-emit-ifname", "docs/loopback.md"):
-            assert needle in reason.message, reason.message
-        assert c.nodes[2].node.env is None
-
-
-@pytest.mark.parametrize("emit", [None, True], ids=["default", "emit-ifname"])
-async def test_own_name_on_loopback_with_served_ifname_depends_on_the_route(
-    emit: bool | None,
-) -> None:
-    """By default the node is ready with a warning iff a route to the master exists;
-    NCCL_SOCKET_IFNAME is served only with --emit-ifname."""
-    routed = netinfo.route_ifname(address(0))
-    async with cluster(3, per_node={2: {"emit_ifname": emit}}) as c:
-        c.resolvers[2].set("node2", ["127.0.1.1"])
-        await start_all(c)
-        if routed is None:  # no route to the documentation address on this host
-            await until(lambda: "self_loopback" in codes(c.nodes[2]))
-            reason = next(r for r in c.nodes[2].node.reasons() if r.code == "self_loopback")
-            assert "no interface that routes to the master was found" in reason.message
-            return
-        await all_ready(c)
-        node = c.nodes[2].node
-        assert node.env is not None and node.env.get("GLOO_SOCKET_IFNAME") == routed
-        assert node.env.get("NCCL_SOCKET_IFNAME") == (routed if emit else None)
-        warnings = node.warnings()
-        assert any("node2" in w and "127.0.1.1" in w and routed in w for w in warnings)
-        assert node.status()["warnings"] == warnings
-        assert not any("loopback" in w for w in c.nodes[1].node.warnings())
-
-
-@pytest.mark.parametrize("resolved", [0, 1], ids=["first-reported", "second-reported"])
-async def test_the_route_served_is_the_one_to_the_masters_verified_address(
-    resolved: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """GLOO_SOCKET_IFNAME is the interface routing to the master's verified address: the
-    reported address its name resolves to, not merely the first one it reported."""
-    reported = [address(0), "198.51.100.99"]
-
-    def facts(master_ip: str | None) -> wire.NetFacts:
-        return wire.NetFacts(ifname=f"via-{master_ip}", mtu=1500, rdma=False)
-
-    monkeypatch.setattr(verify, "net_facts", facts)
-    async with cluster(2, addresses={0: reported}) as c:
-        c.resolvers[1].set("node0", [reported[resolved]])
-        await start_all(c)
-        await all_ready(c)
-        env = c.nodes[1].node.env
-        assert env is not None and env.get("GLOO_SOCKET_IFNAME") == f"via-{reported[resolved]}"
-
-
 async def test_peer_name_that_appears_late() -> None:
     async with cluster(3) as c:
         c.resolvers[2].set("node1", [address(1)], appear_after=3)
@@ -229,82 +166,6 @@ async def test_a_late_worker_joins_on_its_first_attempt() -> None:
         metrics = c.nodes[2].metrics
         assert metrics.value("rallypoint_join_attempts_total", result="accepted") == 1
         assert metrics.value("rallypoint_join_attempts_total", result="master_unreachable") == 0
-
-
-def _join_body(rank: int, host: str, session: str = SESSION) -> bytes:
-    body = {"session": session, "rank": rank, "host": host, "addresses": [], "tf_port": None}
-    return json.dumps(body).encode()
-
-
-@pytest.mark.parametrize(
-    ("signer", "replay", "reason"),
-    [
-        (None, False, "unsigned"),
-        ("wrong-secret", False, "bad_signature"),
-        ("s3cret", True, "replayed"),
-    ],
-    ids=["unsigned", "wrong-token", "replayed"],
-)
-async def test_bad_signatures_are_rejected_and_counted(
-    signer: str | None, replay: bool, reason: str
-) -> None:
-    async with ready_cluster(2, token="s3cret") as c:
-        body = _join_body(1, "node1")
-        headers = {"Content-Type": "application/json"}
-        if signer is not None:
-            headers.update(Authenticator(signer).sign("POST /v1/join", body))
-        async with aiohttp.ClientSession() as http:
-            url = c.peer_url(0, "/v1/join")
-            if replay:
-                async with http.post(url, data=body, headers=headers) as first:
-                    assert first.status == 200
-            async with http.post(url, data=body, headers=headers) as resp:
-                assert resp.status == 401
-                assert (await resp.json())["code"] == "auth_failed"
-        metrics = c.nodes[0].metrics
-        assert metrics.value("rallypoint_auth_failures_total", reason=reason) == 1
-
-
-async def test_a_worker_with_the_wrong_token_is_not_ready() -> None:
-    async with cluster(2, token="s3cret", per_node={1: {"token": "other"}}) as c:
-        await start_all(c)
-        await until(lambda: "auth_failed" in codes(c.nodes[1]))
-        assert not c.nodes[0].node.ready
-        assert c.nodes[0].metrics.value("rallypoint_auth_failures_total", reason="bad_signature")
-
-
-@pytest.mark.parametrize(
-    ("rank", "host", "session", "status", "code"),
-    [
-        (1, "evil", SESSION, 403, "impostor"),
-        (1, "node1", "other-session", 409, "session_mismatch"),
-        (5, "node5", SESSION, 400, "rank_out_of_range"),
-    ],
-)
-async def test_master_refuses_foreign_joins(
-    rank: int, host: str, session: str, status: int, code: str
-) -> None:
-    async with cluster(2) as c:
-        await c.start(0)
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(c.peer_url(0, "/v1/join"), data=_join_body(rank, host, session)) as resp,
-        ):
-            assert resp.status == status
-            assert (await resp.json())["code"] == code
-        assert not c.nodes[0].node.peers[1].joined
-        assert c.nodes[0].metrics.value("rallypoint_joins_total", result="rejected") == 1
-
-
-async def test_a_worker_refuses_joins() -> None:
-    async with cluster(2) as c:
-        await c.start(1)
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(c.peer_url(1, "/v1/join"), data=_join_body(1, "node1")) as resp,
-        ):
-            assert resp.status == 409
-            assert (await resp.json())["code"] == "not_master"
 
 
 async def test_a_taken_preferred_port_is_skipped_and_reported() -> None:
@@ -358,56 +219,6 @@ async def test_a_user_master_port_inside_the_ephemeral_range_is_honoured() -> No
         assert s.node.held["master"].port == wanted
         assert await s.node.wait_ready(20)
         assert s.node.env is not None and s.node.env.get("MASTER_PORT") == str(wanted)
-
-
-@pytest.mark.parametrize(
-    ("message", "reason"),
-    [
-        ("bad signature", "unsigned"),
-        ("unsigned, replayed", "stale"),
-        ("", "malformed"),
-        ("clock", "bad_signature"),
-    ],
-)
-def test_auth_metric_labels_come_from_the_error_not_its_text(message: str, reason: str) -> None:
-    assert auth_reason(AuthError(message, reason=reason)) == reason
-
-
-def _stale_headers(body: bytes) -> dict[str, str]:
-    ten_minutes_ago = Authenticator("s3cret", clock=lambda: time.time() - 600)
-    return ten_minutes_ago.sign("POST /v1/join", body)
-
-
-def _malformed_headers(body: bytes) -> dict[str, str]:
-    headers = Authenticator("s3cret").sign("POST /v1/join", body)
-    return {**headers, "X-Rallypoint-Nonce": "not-hex"}
-
-
-@pytest.mark.parametrize(
-    ("sign", "reason"),
-    [(_stale_headers, "stale"), (_malformed_headers, "malformed")],
-    ids=["stale", "malformed"],
-)
-async def test_stale_and_malformed_signatures_are_counted(
-    sign: Callable[[bytes], dict[str, str]], reason: str
-) -> None:
-    async with cluster(2, token="s3cret") as c:
-        await c.start(0)
-        body = _join_body(1, "node1")
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(c.peer_url(0, "/v1/join"), data=body, headers=sign(body)) as resp,
-        ):
-            assert resp.status == 401
-        metrics = c.nodes[0].metrics
-        assert metrics.value("rallypoint_auth_failures_total", reason=reason) == 1
-
-
-async def test_a_worker_counts_the_masters_refusal_of_its_signature() -> None:
-    async with cluster(2, token="s3cret", per_node={1: {"token": "other"}}) as c:
-        await start_all(c)
-        metrics = c.nodes[1].metrics
-        await until(lambda: metrics.value("rallypoint_auth_failures_total", reason="refused") > 0)
 
 
 def unused_low_port() -> int:
@@ -467,80 +278,3 @@ async def test_a_name_fixed_after_the_deadline_turns_the_cluster_ready() -> None
         await _poke(c, 2)  # node2 re-joins with the same facts: no new generation
         await until(lambda: master.ready)
         assert master.generation == generation
-
-
-def _own(verdict: Verdict, *addresses: str) -> Resolution:
-    return Resolution("node2", verdict, addresses, f"node2 answers {addresses}", 1, 0.0)
-
-
-@pytest.mark.parametrize(
-    ("own", "changes", "accept", "ifname", "code", "needles"),
-    [
-        (_own(Verdict.LOOPBACK, "127.0.1.1"), {"emit_ifname": False}, False, None,
-         "self_loopback",
-         ("node2", "127.0.1.1", "/etc/hosts", "drop --no-emit-ifname", "docs/loopback.md")),
-        (_own(Verdict.LOOPBACK, "10.0.0.2", "127.0.1.1"), {"emit_ifname": False}, False, None,
-         "self_loopback", ("(127.0.1.1)",)),
-        (_own(Verdict.LOOPBACK, "127.0.1.1"), {}, False, None,
-         "self_loopback", ("127.0.1.1", "no interface that routes", "/etc/hosts")),
-        (_own(Verdict.LOOPBACK, "127.0.1.1"), {}, False, "eth0", None,
-         ("node2", "127.0.1.1", "eth0", "GLOO_SOCKET_IFNAME")),
-        (_own(Verdict.LOOPBACK, "127.0.1.1"), {"emit_ifname": True}, False, "eth0", None,
-         ("node2", "127.0.1.1", "eth0", "GLOO_SOCKET_IFNAME")),
-        (_own(Verdict.LOOPBACK, "127.0.1.1"), {"emit_ifname": True, "strict_self": True}, False,
-         "eth0", "strict_self", ("node2", "127.0.1.1", "--strict-self")),
-        (_own(Verdict.LOOPBACK, "127.0.1.1"), {"strict_self": True}, True, None, None, ()),
-        (_own(Verdict.LOOPBACK, "127.0.1.1"), {}, True, None, None, ()),
-        (_own(Verdict.OK, "198.51.100.12"), {"strict_self": True}, False, None, None, ()),
-        (_own(Verdict.NOT_FOUND), {}, False, None, None, ("node2", "does not check out")),
-        (_own(Verdict.NOT_FOUND), {"strict_self": True}, False, None, "strict_self", ("node2",)),
-    ],
-    ids=[
-        "loopback", "loopback-among-answers", "default-without-route", "default-with-route",
-        "emit-ifname-with-route", "strict-self-beats-emit-ifname", "accepted-even-strict",
-        "accepted", "ok", "not-found-warns", "not-found-strict",
-    ],
-)  # fmt: skip
-def test_own_name_judgement(
-    own: Resolution,
-    changes: dict[str, object],
-    accept: bool,
-    ifname: str | None,
-    code: str | None,
-    needles: tuple[str, ...],
-) -> None:
-    reason, warning = judge_own(
-        own, fast_settings(**changes).own_name_rules(), accept_loopback=accept, ifname=ifname
-    )
-    assert (reason.code if reason else None) == code
-    if reason is not None:
-        assert warning is None and reason.host == "node2"
-    text = reason.message if reason is not None else warning
-    if not needles:
-        assert text is None
-    else:
-        assert text is not None and all(needle in text for needle in needles), text
-
-
-async def test_a_user_gloo_socket_ifname_keeps_an_own_name_on_loopback_a_warning() -> None:
-    """gloo binds the user's GLOO_SOCKET_IFNAME too, so it rescues the node like --emit-ifname."""
-    async with cluster(3) as c:
-        c.resolvers[2].set("node2", ["127.0.1.1"])
-        await c.start(0)
-        await c.start(1)
-        spec = ClusterSpec("explicit", c.hosts, 2, 3, SESSION)
-        sidecar = Sidecar(
-            c.settings(2),
-            {"GLOO_SOCKET_IFNAME": "ib0"},
-            resolver=c.resolvers[2],
-            spec=spec,
-            addresses=[address(2)],
-            endpoint=c.endpoint,
-            route=c.route,
-        )
-        await sidecar.start()
-        c.nodes[2] = sidecar
-        await all_ready(c)
-        assert sidecar.node.env is not None
-        assert sidecar.node.env.get("GLOO_SOCKET_IFNAME") == "ib0"
-        assert any("127.0.1.1" in w and "ib0" in w for w in sidecar.node.warnings())

@@ -12,7 +12,9 @@ import pytest
 
 from tests.conftest import has_failed, require
 from tests.monitoring import prom
-from tests.multihost import harness
+from tests.support.cluster.build import Cluster
+from tests.support.cluster.layout import FAST_ARGS
+from tests.support.cluster.runs import close_all, prerequisites, sweep_stale
 
 #: The session secret every sidecar of a test cluster shares (peer messages are signed).
 TOKEN = "monitoring-test-secret"
@@ -21,7 +23,7 @@ METRICS_PORT = 7782
 #: After ready, a keep-alive every second: a dead peer is named within about 5 s.
 KEEPALIVE_S = 1.0
 SIDECAR_ARGS = (
-    *harness.FAST_ARGS,
+    *FAST_ARGS,
     "--metrics-port", str(METRICS_PORT),
     "--keepalive", f"{KEEPALIVE_S:g}",
     "--probe-timeout", "1",
@@ -41,17 +43,17 @@ def promtool() -> str:
 @pytest.fixture(scope="session")
 def netns_session() -> Iterator[str | None]:
     """Why namespace clusters or Prometheus cannot run here (None: they can); sweeps dead runs."""
-    reason = harness.prerequisites() or prom.prerequisites()
+    reason = prerequisites() or prom.prerequisites()
     if reason is None:
-        harness.sweep_stale()
+        sweep_stale()
     yield reason
-    harness.close_all()
+    close_all()
 
 
 class Monitored(NamedTuple):
     """A namespace cluster (sidecars not started) and the Prometheus that scrapes it."""
 
-    cluster: harness.Cluster
+    cluster: Cluster
     prometheus: prom.Prometheus
 
 
@@ -69,7 +71,7 @@ def make_monitored(
 
     def make(hosts: Sequence[str]) -> Monitored:
         workdir = tmp_path / f"cluster{len(made)}"
-        cluster = harness.Cluster(
+        cluster = Cluster(
             hosts, workdir, sidecar_args=SIDECAR_ARGS, sidecar_env={"RALLYPOINT_TOKEN": TOKEN}
         )
         targets = [f"{host}:{METRICS_PORT}" for host in hosts]

@@ -19,8 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.multihost import harness
-from tests.support.netns import die_with_parent, in_namespace
+from tests.support.cluster.build import Cluster
+from tests.support.cluster.layout import SUBNET
+from tests.support.cluster.netio import Reply, http_get
+from tests.support.cluster.procs import base_environ
+from tests.support.netns import die_with_parent, in_namespace, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The shipped alert rules and their promtool unit tests.
@@ -49,7 +52,7 @@ class Prometheus:
 
     def __init__(
         self,
-        cluster: harness.Cluster,
+        cluster: Cluster,
         workdir: Path,
         targets: Sequence[str],
         *,
@@ -63,7 +66,7 @@ class Prometheus:
         self.rules = rules
         self.ns = f"{cluster.id}-prom"
         self.veth = f"{cluster.id}vp"
-        self.address = f"{harness.SUBNET}.{HOST_OCTET}"
+        self.address = f"{SUBNET}.{HOST_OCTET}"
         self.log_path = self.workdir / "prometheus.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._joined = False
@@ -116,9 +119,9 @@ class Prometheus:
             self._proc = subprocess.Popen(
                 in_namespace(self.ns, "prometheus", argv),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=harness.base_environ(), start_new_session=True, preexec_fn=die_with_parent,
+                env=base_environ(), start_new_session=True, preexec_fn=die_with_parent,
             )  # fmt: skip
-        harness.wait_for(self._ready, timeout_s=30.0, what="Prometheus ready", describe=self.log)
+        wait_for(self._ready, timeout_s=30.0, what="Prometheus ready", describe=self.log)
 
     def _ready(self) -> bool:
         if self._proc is not None and self._proc.poll() is not None:
@@ -128,9 +131,9 @@ class Prometheus:
         except OSError:
             return False
 
-    def get(self, path: str) -> harness.Reply:
+    def get(self, path: str) -> Reply:
         """GET path from Prometheus' HTTP API, inside its namespace."""
-        return harness.http_get(self.ns, "127.0.0.1", PORT, path)
+        return http_get(self.ns, "127.0.0.1", PORT, path)
 
     def api(self, path: str, **params: str) -> Any:
         """The ``data`` of an API answer (``/api/v1/...``); AssertionError on an error."""

@@ -16,7 +16,9 @@ import pytest
 
 from tests.monitoring import prom
 from tests.monitoring.conftest import KEEPALIVE_S, METRICS_PORT, TOKEN, MakeMonitored
-from tests.multihost import harness
+from tests.support.cluster.netio import Reply, http_get
+from tests.support.cluster.nodes import Node
+from tests.support.netns import wait_for
 
 pytestmark = pytest.mark.monitoring
 
@@ -31,16 +33,16 @@ SLACK_S = 15.0
 
 def settle(prometheus: prom.Prometheus, nodes: int) -> None:
     """Wait until every target was scraped and the rules have seen every node ready."""
-    harness.wait_for(prometheus.targets_up, timeout_s=30.0, what="every target up")
-    harness.wait_for(
+    wait_for(prometheus.targets_up, timeout_s=30.0, what="every target up")
+    wait_for(
         lambda: len(prometheus.query("rallypoint_ready == 1")) == nodes,
         timeout_s=30.0, what="every node ready in Prometheus",
     )  # fmt: skip
 
 
-def scrape(node: harness.Node, path: str, prometheus: prom.Prometheus) -> harness.Reply:
+def scrape(node: Node, path: str, prometheus: prom.Prometheus) -> Reply:
     """GET path from node's metrics listener, from Prometheus' namespace."""
-    return harness.http_get(prometheus.ns, node.address, METRICS_PORT, path)
+    return http_get(prometheus.ns, node.address, METRICS_PORT, path)
 
 
 def test_a_healthy_cluster_fires_nothing_and_warns_of_nothing(
@@ -85,7 +87,7 @@ def test_a_node_killed_after_ready_fires_the_peer_down_alert(
     killed = time.monotonic()
     cluster["sub2"].kill_sidecar()
     bound_s = NAMED_S + 2 * prometheus.interval_s + PEER_DOWN_FOR_S
-    fired: list[dict[str, Any]] = harness.wait_for(
+    fired: list[dict[str, Any]] = wait_for(
         lambda: prometheus.firing("RallypointPeerDown"),
         timeout_s=bound_s + SLACK_S, interval_s=0.25,
         what="RallypointPeerDown firing", describe=lambda: str(prometheus.alerts()),
@@ -106,7 +108,7 @@ def test_a_shaped_link_fires_the_slow_link_alert(make_monitored: MakeMonitored) 
     cluster.start_all()
     cluster.wait_all_ready(READY_S)
     settle(prometheus, len(HOSTS))
-    (alert,) = harness.wait_for(
+    (alert,) = wait_for(
         lambda: prometheus.firing("RallypointSlowLink"),
         timeout_s=5 * prometheus.interval_s + SLACK_S,
         what="RallypointSlowLink firing", describe=lambda: str(prometheus.alerts()),

@@ -6,7 +6,6 @@ command per node, waits for all of them and collects those lines.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import require
-from tests.multihost import harness
 from tests.support import allreduce
+from tests.support.cluster.layout import LOCAL_PORT
+from tests.support.cluster.nodes import Node
 
 HERE = Path(__file__).parent
 #: The gloo all-reduce client every torch launcher runs (tests/support/allreduce.py).
@@ -30,11 +29,6 @@ QUIET_ENV = {
     "JAX_PLATFORMS": "cpu",
     "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
 }
-
-
-def require_module(module: str, install: str) -> None:
-    """Skip (fail in CI) when a framework is not installed."""
-    require(importlib.util.find_spec(module) is not None, f"{module} is not installed ({install})")
 
 
 def rallypoint_exec(command: Sequence[str], *, timeout_s: float = 120.0) -> list[str]:
@@ -62,8 +56,8 @@ class Outcome:
 
 
 def run_clients(
-    nodes: Sequence[harness.Node],
-    command: Callable[[harness.Node], Sequence[str]],
+    nodes: Sequence[Node],
+    command: Callable[[Node], Sequence[str]],
     *,
     timeout_s: float,
     label: str,
@@ -87,7 +81,7 @@ def run_clients(
 
 
 def run_script(
-    nodes: Sequence[harness.Node], script: str, *, timeout_s: float, label: str
+    nodes: Sequence[Node], script: str, *, timeout_s: float, label: str
 ) -> dict[str, Outcome]:
     """``python script`` (a client beside this module) on every node, under `rallypoint exec`."""
     command = rallypoint_exec(python(script))
@@ -141,14 +135,14 @@ def torchrun_command(backend: str) -> list[str]:
 
 
 def run_torch_job(
-    nodes: Sequence[harness.Node], script: Path, *, timeout_s: float = 60.0
+    nodes: Sequence[Node], script: Path, *, timeout_s: float = 60.0
 ) -> dict[str, tuple[int | None, Any]]:
     """Run the all-reduce client on each node against its own sidecar.
 
     Returns name -> (exit code, the result it printed or None); a client still running
     after timeout_s is killed and reported with exit code None.
     """
-    sidecar = f"http://127.0.0.1:{harness.LOCAL_PORT}"
+    sidecar = f"http://127.0.0.1:{LOCAL_PORT}"
     outcomes = run_clients(
         nodes,
         lambda _node: [sys.executable, str(script), "--sidecar", sidecar, "--timeout", "30"],
@@ -158,9 +152,7 @@ def run_torch_job(
     return {name: (o.code, o.results[-1] if o.results else None) for name, o in outcomes.items()}
 
 
-def run_torchrun(
-    nodes: Sequence[harness.Node], backend: str, *, timeout_s: float
-) -> dict[str, Outcome]:
+def run_torchrun(nodes: Sequence[Node], backend: str, *, timeout_s: float) -> dict[str, Outcome]:
     """torchrun with ``backend`` on every node, under `rallypoint exec`."""
     command = torchrun_command(backend)
     return run_clients(nodes, lambda _node: command, timeout_s=timeout_s, label="torchrun")

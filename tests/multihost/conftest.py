@@ -9,24 +9,26 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import has_failed, require
-from tests.multihost import clients, harness
+from tests.multihost import clients
+from tests.support.cluster.build import Cluster, MakeCluster
+from tests.support.cluster.layout import FAST_ARGS, SUBNET
+from tests.support.cluster.nodes import Node
+from tests.support.cluster.runs import close_all, prerequisites, sweep_stale
 
 #: The session secret every sidecar of a test cluster shares (peer messages are signed).
 TOKEN = "multihost-test-secret"
 #: Backend.AI lists hosts in no promised order; the master is listed second on purpose.
 HOSTS = ("sub1", "main1", "sub2")
 
-MakeCluster = harness.MakeCluster
-
 
 @pytest.fixture(scope="session")
 def netns_session() -> Iterator[str | None]:
     """Check the prerequisites once (the reason they fail, or None) and sweep dead runs."""
-    reason = harness.prerequisites()
+    reason = prerequisites()
     if reason is None:
-        harness.sweep_stale()
+        sweep_stale()
     yield reason
-    harness.close_all()
+    close_all()
 
 
 @pytest.fixture
@@ -35,21 +37,21 @@ def make_cluster(
 ) -> Iterator[MakeCluster]:
     """Factory: make_cluster(hosts=HOSTS, args=(), env=None, family="ipv4") -> an up Cluster."""
     require(netns_session is None, f"multi-host tier: {netns_session}")
-    made: list[harness.Cluster] = []
+    made: list[Cluster] = []
 
     def make(
         hosts: Sequence[str] = HOSTS,
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         family: str = "ipv4",
-        environ_for: Callable[[harness.Cluster, harness.Node], Mapping[str, str]] | None = None,
-        subnet: str = harness.SUBNET,
-    ) -> harness.Cluster:
+        environ_for: Callable[[Cluster, Node], Mapping[str, str]] | None = None,
+        subnet: str = SUBNET,
+    ) -> Cluster:
         extra = {"RALLYPOINT_TOKEN": TOKEN, **(env or {})}
-        cluster = harness.Cluster(
+        cluster = Cluster(
             hosts,
             tmp_path / f"cluster{len(made)}",
-            sidecar_args=(*harness.FAST_ARGS, *args),
+            sidecar_args=(*FAST_ARGS, *args),
             sidecar_env=extra,
             family=family,
             environ_for=environ_for,
@@ -69,7 +71,7 @@ def make_cluster(
 
 
 @pytest.fixture
-def cluster(make_cluster: MakeCluster) -> harness.Cluster:
+def cluster(make_cluster: MakeCluster) -> Cluster:
     """The default three-node Backend.AI cluster, sidecars not started yet."""
     return make_cluster()
 

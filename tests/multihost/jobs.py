@@ -15,7 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.multihost import clients, harness
+from tests.multihost import clients
+from tests.support.cluster.build import Cluster, backendai_order
+from tests.support.cluster.nodes import Node
+from tests.support.netns import IFNAME, wait_for
 
 VERDICT_S = 40.0
 JOB_S = 90.0
@@ -25,11 +28,11 @@ GLOO_TIMEOUT_S = "15"
 Results = dict[str, tuple[int | None, Any]]
 
 
-def rank_of(cluster: harness.Cluster, name: str) -> int:
-    return harness.backendai_order(cluster.hosts).index(name)
+def rank_of(cluster: Cluster, name: str) -> int:
+    return backendai_order(cluster.hosts).index(name)
 
 
-def hand_env(cluster: harness.Cluster, name: str, master: str = "main1") -> dict[str, str]:
+def hand_env(cluster: Cluster, name: str, master: str = "main1") -> dict[str, str]:
     """The env a node would serve (MASTER_PORT from the master's /status)."""
     port = cluster[master].status()["ports"]["master"]["port"]
     return {
@@ -37,12 +40,12 @@ def hand_env(cluster: harness.Cluster, name: str, master: str = "main1") -> dict
         "MASTER_PORT": str(port),
         "WORLD_SIZE": str(len(cluster.hosts)),
         "RANK": str(rank_of(cluster, name)),
-        "GLOO_SOCKET_IFNAME": harness.IFNAME,
+        "GLOO_SOCKET_IFNAME": IFNAME,
     }
 
 
 def run_job(
-    cluster: harness.Cluster,
+    cluster: Cluster,
     script: Path,
     envs: Mapping[str, Mapping[str, str]] | None = None,
     *,
@@ -95,7 +98,7 @@ def job_seconds(results: Results) -> float:
     return max(float(r["elapsed_s"]) for _, r in results.values() if r is not None)
 
 
-def wait_reason(node: harness.Node, code: str, timeout_s: float = VERDICT_S) -> dict[str, Any]:
+def wait_reason(node: Node, code: str, timeout_s: float = VERDICT_S) -> dict[str, Any]:
     """Wait until node's /env answers 503 with a reason of ``code``; that reason."""
 
     def probe() -> dict[str, Any] | None:
@@ -104,6 +107,4 @@ def wait_reason(node: harness.Node, code: str, timeout_s: float = VERDICT_S) -> 
                 return reason
         return None
 
-    return harness.wait_for(
-        probe, timeout_s=timeout_s, what=f"{node.name}: {code}", describe=node.describe
-    )
+    return wait_for(probe, timeout_s=timeout_s, what=f"{node.name}: {code}", describe=node.describe)

@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import require
-from tests.multihost import campaign
+from tests.multihost.campaign import execute
+from tests.multihost.injections import FAULTS
+from tests.multihost.rounds import Options
 from tests.multihost.supervised import JOB_KINDS, STOPPING
 
 #: One of each fault but the two the relay test runs, in the order given (--cycle).
-EVERY_FAULT = tuple(f for f in campaign.FAULTS if f not in ("kill_relay", "kill_worker"))
+EVERY_FAULT = tuple(f for f in FAULTS if f not in ("kill_relay", "kill_worker"))
 #: Every supervised-job kind, one every third round: real torch jobs under `rallypoint run`
 #: on the served env, so the plain torch jobs (the relay test runs one) are left out here.
 EVERY_JOB = JOB_KINDS
@@ -22,10 +24,10 @@ SUPERVISED_EVERY = 3
 ROUNDS = len(EVERY_FAULT) + len(EVERY_JOB)
 
 
-def run(netns_session: str | None, options: campaign.Options) -> dict[str, object]:
+def run(netns_session: str | None, options: Options) -> dict[str, object]:
     require(netns_session is None, f"multi-host tier: {netns_session}")
     lines: list[str] = []
-    summary = campaign.execute(options, out=lines.append)
+    summary = execute(options, out=lines.append)
     assert lines[0].startswith("seed "), lines[:1]  # a run can always be replayed
     violations = summary["violations"]
     assert isinstance(violations, dict)
@@ -37,7 +39,7 @@ def test_every_fault_and_job_kind_on_five_nodes_keeps_every_invariant(
     tmp_path: Path, netns_session: str | None
 ) -> None:
     assert len(EVERY_JOB) == ROUNDS // SUPERVISED_EVERY
-    options = campaign.Options(
+    options = Options(
         rounds=ROUNDS,
         seed=22,
         faults=EVERY_FAULT,
@@ -64,7 +66,7 @@ def test_every_fault_and_job_kind_on_five_nodes_keeps_every_invariant(
 def test_a_killed_relay_is_named_and_its_group_recovers(
     tmp_path: Path, netns_session: str | None
 ) -> None:
-    options = campaign.Options(
+    options = Options(
         rounds=2,
         seed=7,
         faults=("kill_relay", "kill_worker"),

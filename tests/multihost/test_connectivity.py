@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.multihost import harness
-from tests.multihost.conftest import MakeCluster
 from tests.multihost.jobs import job_completed, rank_of, run_job, wait_reason
+from tests.support.cluster.build import Cluster, MakeCluster
+from tests.support.cluster.nodes import Node
+from tests.support.netns import IFNAME
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
@@ -32,28 +33,26 @@ ARGS = ("--probe-timeout", "1", "--frameworks", "torch,tf")
 
 
 @pytest.fixture
-def cluster(make_cluster: MakeCluster) -> harness.Cluster:
+def cluster(make_cluster: MakeCluster) -> Cluster:
     return make_cluster(args=ARGS, env={"RALLYPOINT_MASTER_PORT": str(MASTER_PORT)}, subnet=SUBNET)
 
 
-def test_clean_cluster_is_ready_and_the_job_completes(
-    cluster: harness.Cluster, torch_script: Path
-) -> None:
+def test_clean_cluster_is_ready_and_the_job_completes(cluster: Cluster, torch_script: Path) -> None:
     cluster.start_all()
     served = cluster.wait_all_ready(READY_S)
     for name, env in served.items():
-        assert env["GLOO_SOCKET_IFNAME"] == harness.IFNAME, name  # served by default
+        assert env["GLOO_SOCKET_IFNAME"] == IFNAME, name  # served by default
         assert "NCCL_SOCKET_IFNAME" not in env
         checks = cluster[name].status()["checks"]
         assert checks["verdict"]["verified"] and set(checks["windows"].values()) == {"closed"}
         network = cluster[name].status()["network"]
-        assert network["route_ifname"] == harness.IFNAME and network["mtu"] == 1500
+        assert network["route_ifname"] == IFNAME and network["mtu"] == 1500
     results = run_job(cluster, torch_script, {n: dict(e) for n, e in served.items()})
     assert job_completed(results), results
 
 
 def test_a_cut_worker_pair_is_not_ready_everywhere_and_the_job_fails(
-    cluster: harness.Cluster, torch_script: Path
+    cluster: Cluster, torch_script: Path
 ) -> None:
     sub1, sub2 = cluster["sub1"], cluster["sub2"]
     sub1.blackhole(sub2.address)
@@ -80,7 +79,7 @@ def test_a_cut_worker_pair_is_not_ready_everywhere_and_the_job_fails(
     assert not job_completed(results), results
 
 
-def wait_mesh(node: harness.Node, *, failed: int, timeout_s: float = READY_S) -> dict[str, Any]:
+def wait_mesh(node: Node, *, failed: int, timeout_s: float = READY_S) -> dict[str, Any]:
     """GET /mesh on ``node`` until every node reported and ``failed`` pairs failed."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -93,7 +92,7 @@ def wait_mesh(node: harness.Node, *, failed: int, timeout_s: float = READY_S) ->
 
 
 def test_the_master_port_dropped_by_a_firewall_is_not_ready(
-    cluster: harness.Cluster, torch_script: Path
+    cluster: Cluster, torch_script: Path
 ) -> None:
     main1 = cluster["main1"]
     main1.inside(
@@ -109,9 +108,7 @@ def test_the_master_port_dropped_by_a_firewall_is_not_ready(
     assert not job_completed(results), results
 
 
-def test_traffic_that_flows_one_way_is_not_ready(
-    cluster: harness.Cluster, torch_script: Path
-) -> None:
+def test_traffic_that_flows_one_way_is_not_ready(cluster: Cluster, torch_script: Path) -> None:
     # sub2 cannot open connections to sub1; sub1 can to sub2. gloo's pair sub1/sub2 is
     # dialled by the node with the larger address (sub2), so the job fails.
     sub1, sub2 = cluster["sub1"], cluster["sub2"]
@@ -161,9 +158,9 @@ def test_a_dropped_tf_port_is_not_ready_only_when_tf_config_is_served(
 
 
 def test_an_mtu_mismatch_is_a_warning_and_the_job_completes(
-    cluster: harness.Cluster, torch_script: Path
+    cluster: Cluster, torch_script: Path
 ) -> None:
-    cluster["sub2"].inside(["ip", "link", "set", harness.IFNAME, "mtu", "1400"])
+    cluster["sub2"].inside(["ip", "link", "set", IFNAME, "mtu", "1400"])
     cluster.start_all()
     served = cluster.wait_all_ready(READY_S)
     for node in cluster:
@@ -175,7 +172,7 @@ def test_an_mtu_mismatch_is_a_warning_and_the_job_completes(
 
 
 def test_a_fault_repaired_while_waiting_turns_ready_without_a_restart(
-    cluster: harness.Cluster, torch_script: Path
+    cluster: Cluster, torch_script: Path
 ) -> None:
     sub1, sub2 = cluster["sub1"], cluster["sub2"]
     sub1.blackhole(sub2.address)

@@ -1,8 +1,8 @@
 """Ready means the job runs at speed: data-path faults, each verdict against a real job's fate.
 
 Three namespace hosts on 172.30.215.0/24, Backend.AI order (``main1`` listed second), token
-on. Each fault is on ``sub2``'s link (tests/multihost/harness.py: a tc filter that drops
-frames over a size with offloads off, a tbf shaper, random loss, a shifted clock); after the
+on. Each fault is on ``sub2``'s link (tests/support/cluster/: a tc filter that drops frames
+over a size with offloads off, a tbf shaper, random loss, a shifted clock); after the
 sidecars' verdict a torch gloo job all-reduces training-sized tensors (4 MiB of float32,
 five steps) on the same hosts under the same fault (tests/multihost/jobs.py).
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.multihost import harness
-from tests.multihost.conftest import MakeCluster
 from tests.multihost.jobs import job_completed, run_job, wait_reason
+from tests.support.cluster.build import Cluster, MakeCluster
+from tests.support.cluster.nodes import Node
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
@@ -32,21 +32,21 @@ CLAMP = 1400
 
 
 @pytest.fixture
-def cluster(make_cluster: MakeCluster) -> harness.Cluster:
+def cluster(make_cluster: MakeCluster) -> Cluster:
     return make_cluster(args=ARGS, env={"RALLYPOINT_MASTER_PORT": str(MASTER_PORT)}, subnet=SUBNET)
 
 
-def master_view(cluster: harness.Cluster) -> dict[str, Any]:
+def master_view(cluster: Cluster) -> dict[str, Any]:
     return cluster["main1"].status()
 
 
-def data_path_warnings(node: harness.Node) -> list[str]:
+def data_path_warnings(node: Node) -> list[str]:
     pattern = re.compile(r"slow|retransmit|path MTU|RDMA|clock", re.I)
     return [w for w in node.status()["warnings"] if pattern.search(w)]
 
 
 def test_a_clean_cluster_measures_every_link_without_a_warning(
-    cluster: harness.Cluster, torch_script: Path
+    cluster: Cluster, torch_script: Path
 ) -> None:
     cluster.start_all()
     served = cluster.wait_all_ready(READY_S)
@@ -67,7 +67,7 @@ def test_a_clean_cluster_measures_every_link_without_a_warning(
 
 
 def test_a_path_mtu_black_hole_is_not_ready_and_the_job_hangs(
-    cluster: harness.Cluster, torch_script: Path
+    cluster: Cluster, torch_script: Path
 ) -> None:
     cluster["sub2"].clamp_path_mtu(CLAMP)
     cluster.start_all()
@@ -83,7 +83,7 @@ def test_a_path_mtu_black_hole_is_not_ready_and_the_job_hangs(
 
 
 def test_a_shaped_link_is_ready_with_the_slow_node_named_and_the_job_completes(
-    cluster: harness.Cluster, torch_script: Path
+    cluster: Cluster, torch_script: Path
 ) -> None:
     cluster["sub2"].shape(10)
     cluster.start_all()
@@ -101,7 +101,7 @@ def test_a_shaped_link_is_ready_with_the_slow_node_named_and_the_job_completes(
 
 
 def test_a_lossy_link_is_ready_with_the_lossy_node_named_and_the_job_completes(
-    cluster: harness.Cluster, torch_script: Path
+    cluster: Cluster, torch_script: Path
 ) -> None:
     cluster["sub2"].drop_incoming(0.1)
     cluster.start_all()
@@ -117,7 +117,7 @@ def test_a_lossy_link_is_ready_with_the_lossy_node_named_and_the_job_completes(
 
 
 def test_a_skewed_clock_is_ready_with_the_offset_named_and_the_job_completes(
-    cluster: harness.Cluster, torch_script: Path
+    cluster: Cluster, torch_script: Path
 ) -> None:
     for node in cluster:
         node.start_sidecar(clock_offset_s=600 if node.name == "sub2" else None)

@@ -13,8 +13,10 @@ import sys
 
 import pytest
 
-from tests.multihost import clients, harness
-from tests.multihost.conftest import MakeCluster
+from tests.conftest import require_module
+from tests.multihost import clients
+from tests.support.cluster.build import MakeCluster, backendai_order
+from tests.support.cluster.nodes import Node
 
 pytestmark = [pytest.mark.multihost, pytest.mark.deepspeed, pytest.mark.timeout(900)]
 
@@ -27,7 +29,7 @@ LAUNCH = (
 )
 
 
-def deepspeed_command(node: harness.Node) -> list[str]:
+def deepspeed_command(node: Node) -> list[str]:
     hostfile = node.cluster.workdir / f"{node.name}.hostfile"
     wait = [sys.executable, "-m", "rallypoint", "wait", "--timeout", "120",
             "--hostfile", str(hostfile), "--out", str(hostfile.with_suffix(".env"))]  # fmt: skip
@@ -39,11 +41,11 @@ def deepspeed_command(node: harness.Node) -> list[str]:
 
 
 def test_deepspeed_no_ssh_launch_runs_from_the_served_hostfile(make_cluster: MakeCluster) -> None:
-    clients.require_module("deepspeed", "pip install deepspeed")
+    require_module("deepspeed", "pip install deepspeed")
     cluster = make_cluster(args=("--nproc-per-node", str(NPROC)))
     cluster.start_all()
     cluster.wait_all_ready(READY_S)
-    order = harness.backendai_order(cluster.hosts)
+    order = backendai_order(cluster.hosts)
 
     outcomes = clients.run_clients(
         list(cluster), deepspeed_command, timeout_s=JOB_S, label="deepspeed"

@@ -9,7 +9,9 @@ from functools import partial
 
 import pytest
 
-from tests.multihost import harness
+from tests.support.cluster.build import Cluster, MakeCluster
+from tests.support.cluster.nodes import Node
+from tests.support.netns import wait_for
 
 pytestmark = pytest.mark.multihost
 
@@ -18,7 +20,7 @@ READY_S = 30.0
 
 @pytest.mark.parametrize("port_taken", [False, True], ids=["old-port-free", "old-port-taken"])
 def test_master_killed_and_restarted_gives_a_new_generation(
-    cluster: harness.Cluster, port_taken: bool
+    cluster: Cluster, port_taken: bool
 ) -> None:
     cluster.start_all()
     before = cluster.wait_all_ready(READY_S)
@@ -30,7 +32,7 @@ def test_master_killed_and_restarted_gives_a_new_generation(
     # Workers notice at once (their long-poll breaks) and say so; they keep serving the
     # last verified env meanwhile, since the training processes may well still be running.
     for worker in (sub1, sub2):
-        harness.wait_for(
+        wait_for(
             partial(_reports_lost_master, worker), timeout_s=10.0,
             what=f"{worker.name} to report the lost master", describe=worker.describe,
         )  # fmt: skip
@@ -40,7 +42,7 @@ def test_master_killed_and_restarted_gives_a_new_generation(
     if port_taken:
         # Something else took the old port while the master was down: a plain bind holder.
         holder = master.spawn([sys.executable, "-c", _HOLD_PORT, str(old_port)], label="holder")
-        harness.wait_for(
+        wait_for(
             lambda: master.try_bind(old_port) == errno.EADDRINUSE,
             timeout_s=10.0, what=f"holder on port {old_port}",
         )  # fmt: skip
@@ -62,7 +64,7 @@ def test_master_killed_and_restarted_gives_a_new_generation(
         assert holder.alive()
 
 
-def _reports_lost_master(worker: harness.Node) -> bool:
+def _reports_lost_master(worker: Node) -> bool:
     problem = worker.status().get("master_problem") or {}
     return bool(problem.get("host") == "main1")
 
@@ -76,7 +78,7 @@ time.sleep(300)
 """
 
 
-def test_link_cut_during_rendezvous_recovers(cluster: harness.Cluster) -> None:
+def test_link_cut_during_rendezvous_recovers(cluster: Cluster) -> None:
     late = cluster["sub2"]
     late.link_down()
     cluster.start_all()
@@ -89,7 +91,7 @@ def test_link_cut_during_rendezvous_recovers(cluster: harness.Cluster) -> None:
 
 
 def test_link_cut_beyond_the_deadline_fails_with_a_clear_reason(
-    make_cluster: harness.MakeCluster,
+    make_cluster: MakeCluster,
 ) -> None:
     deadline_s = 4.0
     cluster = make_cluster(args=["--deadline", str(deadline_s)])
@@ -98,12 +100,12 @@ def test_link_cut_beyond_the_deadline_fails_with_a_clear_reason(
     start = time.monotonic()
     cluster.start_all()
 
-    def expired(node: harness.Node) -> list[dict[str, object]] | None:
+    def expired(node: Node) -> list[dict[str, object]] | None:
         reasons = node.not_ready_reasons()
         codes = {reason.get("code") for reason in reasons or []}
         return reasons if "deadline_exceeded" in codes else None
 
-    late_reasons = harness.wait_for(
+    late_reasons = wait_for(
         lambda: expired(late), timeout_s=deadline_s + 15.0, what="sub2 past its deadline",
         describe=late.describe,
     )  # fmt: skip
@@ -112,7 +114,7 @@ def test_link_cut_beyond_the_deadline_fails_with_a_clear_reason(
     assert any(r.get("host") == "main1" and r.get("code") != "deadline_exceeded"
                for r in late_reasons), late_reasons  # fmt: skip
     # ... and the master says who never joined.
-    master_reasons = harness.wait_for(
+    master_reasons = wait_for(
         lambda: expired(master), timeout_s=10.0, what="main1 past its deadline",
         describe=master.describe,
     )  # fmt: skip

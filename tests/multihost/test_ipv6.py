@@ -14,8 +14,10 @@ from collections.abc import Mapping
 
 import pytest
 
-from tests.multihost import clients, harness
-from tests.multihost.conftest import MakeCluster
+from tests.conftest import require_module
+from tests.multihost import clients
+from tests.support.cluster.build import Cluster, MakeCluster
+from tests.support.cluster.nodes import Node
 
 pytestmark = [
     pytest.mark.multihost,
@@ -30,7 +32,7 @@ JOB_S = 300.0
 ARGS = ("--frameworks", "torch,tf,jax")
 
 
-def explicit_by_address(cluster: harness.Cluster, node: harness.Node) -> Mapping[str, str]:
+def explicit_by_address(cluster: Cluster, node: Node) -> Mapping[str, str]:
     """The explicit provider with the nodes listed by IPv6 address, the master not first."""
     return {
         "RALLYPOINT_HOSTS": ",".join(n.address for n in cluster),
@@ -44,9 +46,9 @@ def explicit_by_address(cluster: harness.Cluster, node: harness.Node) -> Mapping
 def test_torch_tf_and_jax_run_on_served_ipv6_addresses(
     make_cluster: MakeCluster, listed_by: str
 ) -> None:
-    clients.require_module("torch", "pip install torch==2.13.0")
-    clients.require_module("tensorflow", "pip install tensorflow-cpu")
-    clients.require_module("jax", "pip install 'jax[cpu]'")
+    require_module("torch", "pip install torch==2.13.0")
+    require_module("tensorflow", "pip install tensorflow-cpu")
+    require_module("jax", "pip install 'jax[cpu]'")
     if listed_by == "address":
         cluster = make_cluster(args=ARGS, family="ipv6", environ_for=explicit_by_address)
     else:
@@ -88,7 +90,7 @@ def test_torch_tf_and_jax_run_on_served_ipv6_addresses(
 @pytest.mark.parametrize("backend", ["static", "c10d"])
 def test_torchrun_takes_a_bare_ipv6_master_addr(make_cluster: MakeCluster, backend: str) -> None:
     """torchrun joins MASTER_ADDR and MASTER_PORT with a colon and splits at the last one."""
-    clients.require_module("torch", "pip install torch==2.13.0")
+    require_module("torch", "pip install torch==2.13.0")
     cluster = make_cluster(
         args=("--frameworks", "torch", "--master-addr", "ip", "--nproc-per-node", "2"),
         family="ipv6",

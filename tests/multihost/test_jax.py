@@ -6,8 +6,11 @@ import errno
 
 import pytest
 
-from tests.multihost import clients, harness
-from tests.multihost.conftest import MakeCluster
+from tests.conftest import require_module
+from tests.multihost import clients
+from tests.support.cluster.build import MakeCluster, backendai_order
+from tests.support.cluster.nodes import Node
+from tests.support.netns import wait_for
 
 pytestmark = [pytest.mark.multihost, pytest.mark.jax, pytest.mark.timeout(900)]
 
@@ -17,7 +20,7 @@ JOB_S = 240.0  # three JAX imports and XLA start-ups on two shared cores
 
 @pytest.mark.parametrize("family", ["ipv4", "ipv6", "dual"])
 def test_jax_collective_runs_on_the_served_env(make_cluster: MakeCluster, family: str) -> None:
-    clients.require_module("jax", "pip install 'jax[cpu]'")
+    require_module("jax", "pip install 'jax[cpu]'")
     cluster = make_cluster(args=("--frameworks", "jax"), family=family)
     cluster.start_all()
     served = cluster.wait_all_ready(READY_S)
@@ -25,7 +28,7 @@ def test_jax_collective_runs_on_the_served_env(make_cluster: MakeCluster, family
     host, _, port_text = coordinator.rpartition(":")
     port = int(port_text)
     assert host == "main1", coordinator
-    order = harness.backendai_order(cluster.hosts)
+    order = backendai_order(cluster.hosts)
     for name, values in served.items():
         assert values["JAX_COORDINATOR_ADDRESS"] == coordinator
         assert values["JAX_NUM_PROCESSES"] == "3"
@@ -53,7 +56,7 @@ def test_own_names_on_loopback_stay_fatal_with_jax_until_fixed(make_cluster: Mak
     files (test_torch.py); with jax served the node must not turn ready. Once the hosts
     files are fixed, the same sidecars turn ready and the JAX job completes.
     """
-    clients.require_module("jax", "pip install 'jax[cpu]'")
+    require_module("jax", "pip install 'jax[cpu]'")
     cluster = make_cluster(args=("--frameworks", "torch,jax"))
     for node in cluster:
         node.pin(node.name, "127.0.1.1")
@@ -61,14 +64,12 @@ def test_own_names_on_loopback_stay_fatal_with_jax_until_fixed(make_cluster: Mak
 
     for node in cluster:
 
-        def self_loopback(node: harness.Node = node) -> list[dict[str, object]] | None:
+        def self_loopback(node: Node = node) -> list[dict[str, object]] | None:
             reasons = node.not_ready_reasons() or []
             found = [r for r in reasons if r.get("code") == "self_loopback"]
             return found or None
 
-        found = harness.wait_for(
-            self_loopback, timeout_s=READY_S, what=f"{node.name} self_loopback"
-        )
+        found = wait_for(self_loopback, timeout_s=READY_S, what=f"{node.name} self_loopback")
         message = str(found[0]["message"])
         assert node.name in message and "127.0.1.1" in message
         assert "JAX's gloo ignores GLOO_SOCKET_IFNAME" in message

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.multihost import harness
+from tests.support.cluster.build import Cluster, MakeCluster
+from tests.support.cluster.layout import LOCAL_PORT
+from tests.support.cluster.nodes import Node
+from tests.support.netns import wait_for
 
 pytestmark = pytest.mark.multihost
 
@@ -25,15 +28,15 @@ NAMED_S = 4 * INTERVAL_S + INTERVAL_S + 10.0
 READY_S = 40.0
 
 
-def named(node: harness.Node, host: str) -> dict[str, Any] | None:
+def named(node: Node, host: str) -> dict[str, Any] | None:
     """``host``'s entry in node's liveness.down, None while it is not named."""
     section = node.status().get("liveness") or {}
     return next((d for d in section.get("down", []) if d["host"] == host), None)
 
 
-def wait_named(cluster: harness.Cluster, host: str, by: list[str]) -> dict[str, dict[str, Any]]:
+def wait_named(cluster: Cluster, host: str, by: list[str]) -> dict[str, dict[str, Any]]:
     return {
-        name: harness.wait_for(
+        name: wait_for(
             lambda name=name: named(cluster[name], host),  # type: ignore[misc]
             timeout_s=NAMED_S,
             what=f"{name} to name {host} down",
@@ -43,15 +46,15 @@ def wait_named(cluster: harness.Cluster, host: str, by: list[str]) -> dict[str, 
     }
 
 
-def cleared(node: harness.Node) -> bool:
+def cleared(node: Node) -> bool:
     """Whether node answers and names nobody down (a restarted sidecar may not listen yet)."""
     reply = node.try_get("/status")
     return reply is not None and reply.status == 200 and not reply.json()["liveness"]["down"]
 
 
-def wait_cleared(cluster: harness.Cluster) -> None:
+def wait_cleared(cluster: Cluster) -> None:
     for node in cluster:
-        harness.wait_for(
+        wait_for(
             lambda node=node: cleared(node),  # type: ignore[misc]
             timeout_s=READY_S,
             what=f"{node.name}'s down list to clear",
@@ -59,7 +62,7 @@ def wait_cleared(cluster: harness.Cluster) -> None:
         )
 
 
-def start(make_cluster: harness.MakeCluster) -> harness.Cluster:
+def start(make_cluster: MakeCluster) -> Cluster:
     cluster = make_cluster(hosts=HOSTS, args=("--keepalive", str(INTERVAL_S)))
     cluster.start_all()
     cluster.wait_all_ready(READY_S)
@@ -67,7 +70,7 @@ def start(make_cluster: harness.MakeCluster) -> harness.Cluster:
 
 
 def test_a_dead_node_under_a_running_job_is_named_by_every_other(
-    make_cluster: harness.MakeCluster, torch_script: Any
+    make_cluster: MakeCluster, torch_script: Any
 ) -> None:
     cluster = start(make_cluster)
     served = {node.name: node.env() for node in cluster}
@@ -77,7 +80,7 @@ def test_a_dead_node_under_a_running_job_is_named_by_every_other(
                 sys.executable,
                 str(torch_script),
                 "--sidecar",
-                f"http://127.0.0.1:{harness.LOCAL_PORT}",
+                f"http://127.0.0.1:{LOCAL_PORT}",
                 "--timeout",
                 "20",
                 "--mib",
@@ -92,7 +95,7 @@ def test_a_dead_node_under_a_running_job_is_named_by_every_other(
     victim = cluster["sub2"]
     try:
         # Running: every rank is past its first all-reduce.
-        harness.wait_for(
+        wait_for(
             lambda: all("RUNNING rank=" in job.log() for job in jobs.values()),
             timeout_s=60.0, what="every rank's first all-reduce", describe=cluster.logs,
         )  # fmt: skip
@@ -121,7 +124,7 @@ def test_a_dead_node_under_a_running_job_is_named_by_every_other(
     wait_cleared(cluster)
 
 
-def test_a_paused_master_is_named_by_every_worker(make_cluster: harness.MakeCluster) -> None:
+def test_a_paused_master_is_named_by_every_worker(make_cluster: MakeCluster) -> None:
     cluster = start(make_cluster)
     master = cluster["main1"]
     assert master.sidecar is not None
@@ -136,7 +139,7 @@ def test_a_paused_master_is_named_by_every_worker(make_cluster: harness.MakeClus
     assert all(node.is_ready() for node in cluster)
 
 
-def test_a_node_cut_off_is_named_and_names_the_master(make_cluster: harness.MakeCluster) -> None:
+def test_a_node_cut_off_is_named_and_names_the_master(make_cluster: MakeCluster) -> None:
     cluster = start(make_cluster)
     cut = cluster["sub3"]
     cut.link_down()
@@ -144,16 +147,14 @@ def test_a_node_cut_off_is_named_and_names_the_master(make_cluster: harness.Make
         found = wait_named(cluster, "sub3", ["main1", "sub1", "sub2"])
         assert found["main1"]["cause"] in ("timed_out", "unreachable"), found
         # The cut-off node's own sidecar (its local API still answers) names the master.
-        mine = harness.wait_for(
-            lambda: named(cut, "main1"), timeout_s=NAMED_S, what="sub3 to name main1"
-        )
+        mine = wait_for(lambda: named(cut, "main1"), timeout_s=NAMED_S, what="sub3 to name main1")
         assert mine["seen_by"] == "sub3", mine
     finally:
         cut.link_up()
     wait_cleared(cluster)
 
 
-def test_the_log_and_status_name_the_dead_node(make_cluster: harness.MakeCluster) -> None:
+def test_the_log_and_status_name_the_dead_node(make_cluster: MakeCluster) -> None:
     cluster = start(make_cluster)
     witness = cluster["sub2"]
     assert witness.sidecar is not None

@@ -9,9 +9,10 @@ import sys
 import pytest
 
 from rallypoint.mdns import txt
-from tests.multihost import harness
-from tests.multihost.conftest import MakeCluster
 from tests.support import netns
+from tests.support.cluster.build import MakeCluster
+from tests.support.cluster.nodes import Node
+from tests.support.netns import IFNAME
 
 pytestmark = pytest.mark.multihost
 
@@ -46,9 +47,9 @@ def test_nodes_agree_on_ranks_and_refuse_a_rogue(make_cluster: MakeCluster) -> N
     cluster = make_cluster(hosts=("zulu", "alpha", "mike", "rogue"))
     token = "mdns-netns-secret"
 
-    def argv(node: harness.Node) -> list[str]:
+    def argv(node: Node) -> list[str]:
         secret = "wrong-secret" if node.name == "rogue" else token
-        args = [cluster.session, node.name, secret, "3", harness.IFNAME, node.address]
+        args = [cluster.session, node.name, secret, "3", IFNAME, node.address]
         return [sys.executable, "-c", NODE_SCRIPT, *args]
 
     procs = {node.name: node.spawn(argv(node), label="mdns") for node in cluster}
@@ -78,5 +79,5 @@ def test_the_host_has_no_address_on_the_bridge_so_no_host_announcer_reaches_the_
     assert {port: netns.host_addresses(port) for port in ports} == {port: [] for port in ports}
     # The nodes themselves still have theirs, link-local included (mDNS over IPv6 needs it).
     first = next(iter(cluster))
-    inside = netns.sh(["ip", "-n", first.ns, "-6", "addr", "show", "dev", harness.IFNAME])
+    inside = netns.sh(["ip", "-n", first.ns, "-6", "addr", "show", "dev", IFNAME])
     assert "fe80::" in inside.stdout

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.multihost import harness
-from tests.multihost.conftest import MakeCluster
+from tests.support.cluster.build import MakeCluster, mdns_cluster
+from tests.support.netns import wait_for
 
 pytestmark = pytest.mark.multihost
 
@@ -16,11 +16,11 @@ READY_S = 60.0
 
 
 def test_mdns_provider_converges_to_one_env(make_cluster: MakeCluster) -> None:
-    cluster = harness.mdns_cluster(make_cluster, HOSTS, len(HOSTS))
+    cluster = mdns_cluster(make_cluster, HOSTS, len(HOSTS))
     first = cluster["zulu"]
     first.start_sidecar()
     # Alone, zulu already answers: alive, not ready, and says how far discovery got.
-    reply = harness.wait_for(first.readyz, timeout_s=30, what="zulu's /readyz")
+    reply = wait_for(first.readyz, timeout_s=30, what="zulu's /readyz")
     assert reply.status == 503 and "discovering" in reply.text, reply.text
     assert first.get("/livez").status == 200
     status: dict[str, Any] = first.status()

@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from tests.multihost import harness
+from tests.support.cluster.build import Cluster
+from tests.support.cluster.nodes import Node
+from tests.support.netns import IFNAME, wait_for
 
 pytestmark = pytest.mark.multihost
 
@@ -15,7 +17,7 @@ READY_S = 30.0
 FAULT_S = 4.0
 
 
-def _not_ready_naming(node: harness.Node, *needles: str, timeout_s: float = 15.0) -> str:
+def _not_ready_naming(node: Node, *needles: str, timeout_s: float = 15.0) -> str:
     """Wait until node answers not ready with every needle in its reasons; return them."""
 
     def probe() -> str | None:
@@ -25,13 +27,13 @@ def _not_ready_naming(node: harness.Node, *needles: str, timeout_s: float = 15.0
         reasons = node.reasons()
         return reasons if all(needle in reasons for needle in needles) else None
 
-    return harness.wait_for(
+    return wait_for(
         probe, timeout_s=timeout_s, what=f"{node.name} not ready naming {needles}",
         describe=node.describe,
     )  # fmt: skip
 
 
-def _hold_not_ready(node: harness.Node, seconds: float) -> None:
+def _hold_not_ready(node: Node, seconds: float) -> None:
     """Assert node stays not ready for the given time (it must not serve a broken env)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -40,7 +42,7 @@ def _hold_not_ready(node: harness.Node, seconds: float) -> None:
 
 
 @pytest.mark.parametrize("missing", ["main1", "sub2"], ids=["master-missing", "peer-missing"])
-def test_late_name_makes_the_node_wait_then_ready(cluster: harness.Cluster, missing: str) -> None:
+def test_late_name_makes_the_node_wait_then_ready(cluster: Cluster, missing: str) -> None:
     victim = cluster["sub1"]
     victim.drop_host(missing)
     cluster.start_all()
@@ -54,7 +56,7 @@ def test_late_name_makes_the_node_wait_then_ready(cluster: harness.Cluster, miss
     assert len({env["RALLYPOINT_GENERATION"] for env in served.values()}) == 1
 
 
-def test_master_name_on_loopback_at_a_worker_is_fatal_there(cluster: harness.Cluster) -> None:
+def test_master_name_on_loopback_at_a_worker_is_fatal_there(cluster: Cluster) -> None:
     victim = cluster["sub1"]
     victim.pin("main1", "127.0.1.1")
     cluster.start_all()
@@ -77,7 +79,7 @@ def test_master_name_on_loopback_at_a_worker_is_fatal_there(cluster: harness.Clu
     ids=["no-emit-ifname", "strict-self-with-emit-ifname"],
 )
 def test_own_name_on_loopback_is_fatal_without_a_pinned_interface(
-    cluster: harness.Cluster, node: str, args: tuple[str, ...], code: str
+    cluster: Cluster, node: str, args: tuple[str, ...], code: str
 ) -> None:
     # Fatal for the measured reason (docs/loopback.md): gloo publishes what its own name
     # resolves to. --strict-self stays fatal with an interface, for stacks that ignore it.
@@ -98,16 +100,16 @@ def test_own_name_on_loopback_is_fatal_without_a_pinned_interface(
 @pytest.mark.parametrize("node", ["sub1", "main1"])
 @pytest.mark.parametrize("args", [(), ("--emit-ifname",)], ids=["default", "emit-ifname"])
 def test_own_name_on_loopback_with_a_served_ifname_is_a_warning(
-    cluster: harness.Cluster, node: str, args: tuple[str, ...]
+    cluster: Cluster, node: str, args: tuple[str, ...]
 ) -> None:
     cluster[node].pin(node, "127.0.1.1")
     cluster.start_all(args)
 
     served = cluster.wait_all_ready(READY_S)
     warnings = " ".join(cluster[node].status()["warnings"])
-    for needle in (node, "127.0.1.1", harness.IFNAME, "GLOO_SOCKET_IFNAME"):
+    for needle in (node, "127.0.1.1", IFNAME, "GLOO_SOCKET_IFNAME"):
         assert needle in warnings, warnings
     for other in cluster:
-        assert served[other.name]["GLOO_SOCKET_IFNAME"] == harness.IFNAME
+        assert served[other.name]["GLOO_SOCKET_IFNAME"] == IFNAME
         if other.name != node:
             assert "127.0.1.1" not in " ".join(other.status()["warnings"])

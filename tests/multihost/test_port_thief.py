@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost import harness
+from tests.support.cluster.build import Cluster
+from tests.support.cluster.procs import read_json_file
+from tests.support.netns import wait_for
 
 pytestmark = pytest.mark.multihost
 
@@ -17,7 +19,7 @@ PREFERRED = 29500
 
 @pytest.mark.parametrize("head_start", [True, False], ids=["thief-first", "thief-racing"])
 def test_published_master_port_is_never_held_by_the_thief(
-    cluster: harness.Cluster, tmp_path: Path, head_start: bool
+    cluster: Cluster, tmp_path: Path, head_start: bool
 ) -> None:
     master = cluster["main1"]
     out = tmp_path / "thief.json"
@@ -31,20 +33,20 @@ def test_published_master_port_is_never_held_by_the_thief(
         interval_s=0.1,
     )
     if head_start:
-        harness.wait_for(lambda: harness.read_json_file(out), timeout_s=10.0, what="thief up")
+        wait_for(lambda: read_json_file(out), timeout_s=10.0, what="thief up")
     cluster.start_all(["--port-range", f"{PREFERRED}-{PREFERRED + 200}"])
     served = cluster.wait_all_ready(READY_S)
     master_port = int(served["main1"]["MASTER_PORT"])
     assert {env["MASTER_PORT"] for env in served.values()} == {str(master_port)}
 
     # Give the thief time to go after the published port.
-    harness.wait_for(
-        lambda: master_port in (harness.read_json_file(out) or {}).get("tried", []),
+    wait_for(
+        lambda: master_port in (read_json_file(out) or {}).get("tried", []),
         timeout_s=10.0, what=f"thief to try port {master_port}",
     )  # fmt: skip
     time.sleep(0.5)
     thief.stop()
-    state = harness.read_json_file(out)
+    state = read_json_file(out)
 
     assert thief.returncode == 0, thief.log()
     assert master_port not in state["held"], state

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost import clients, harness
-from tests.multihost.conftest import MakeCluster
+from tests.multihost import clients
+from tests.support.cluster.build import Cluster, MakeCluster, backendai_order
+from tests.support.cluster.layout import PEER_PORT
+from tests.support.cluster.nodes import Node
 
 pytestmark = [pytest.mark.multihost]
 
@@ -20,11 +22,11 @@ READY_S = 40.0
 JOB_S = 120.0  # four torch imports on two cores
 
 
-def by_rank(cluster: harness.Cluster) -> list[harness.Node]:
-    return [cluster[name] for name in harness.backendai_order(cluster.hosts)]
+def by_rank(cluster: Cluster) -> list[Node]:
+    return [cluster[name] for name in backendai_order(cluster.hosts)]
 
 
-def peer_requests(node: harness.Node, route: str) -> float:
+def peer_requests(node: Node, route: str) -> float:
     text = node.get("/metrics").text
     total = 0.0
     for line in text.splitlines():
@@ -70,7 +72,7 @@ def test_a_member_cut_off_from_its_relays_peer_api_joins_the_master(
             "-p",
             "tcp",
             "--dport",
-            str(harness.PEER_PORT),
+            str(PEER_PORT),
             "-j",
             "DROP",
         ]

@@ -6,18 +6,19 @@ import json
 
 import pytest
 
-from tests.multihost import harness
+from tests.support.cluster.build import Cluster, backendai_order
+from tests.support.cluster.layout import LOCAL_PORT, PEER_PORT
 
 pytestmark = pytest.mark.multihost
 
 READY_S = 30.0
 
 
-def test_every_node_serves_the_same_cluster_with_its_own_rank(cluster: harness.Cluster) -> None:
+def test_every_node_serves_the_same_cluster_with_its_own_rank(cluster: Cluster) -> None:
     cluster.start_all()
     served = cluster.wait_all_ready(READY_S)
 
-    expected_order = harness.backendai_order(cluster.hosts)
+    expected_order = backendai_order(cluster.hosts)
     assert expected_order[0] == "main1" and cluster.hosts[0] != "main1"
     shared = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NNODES", "RALLYPOINT_GENERATION")
     for key in shared:
@@ -45,18 +46,18 @@ def test_every_node_serves_the_same_cluster_with_its_own_rank(cluster: harness.C
 
 
 def test_local_api_stays_inside_its_namespace_while_peer_api_is_reachable(
-    cluster: harness.Cluster,
+    cluster: Cluster,
 ) -> None:
     cluster.start_all()
     cluster.wait_all_ready(READY_S)
 
     for client in cluster:
         # Positive control: the same probe reaches the node's own local API.
-        assert client.connect("127.0.0.1", harness.LOCAL_PORT) is None
+        assert client.connect("127.0.0.1", LOCAL_PORT) is None
         for server in cluster:
             if server is client:
                 continue
-            local = client.connect(server.address, harness.LOCAL_PORT)
-            peer = client.connect(server.address, harness.PEER_PORT)
+            local = client.connect(server.address, LOCAL_PORT)
+            peer = client.connect(server.address, PEER_PORT)
             assert local is not None, f"{client.name} reached {server.name}'s local API"
             assert peer is None, f"{client.name} cannot reach {server.name}'s peer API: {peer}"

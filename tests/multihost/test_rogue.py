@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from tests.multihost import harness
 from tests.multihost.conftest import TOKEN, MakeCluster
+from tests.support.cluster.build import mdns_cluster
+from tests.support.netns import IFNAME, wait_for
 
 pytestmark = pytest.mark.multihost
 
@@ -40,11 +41,11 @@ asyncio.run(main())
 
 def test_a_rogue_announcer_is_ignored_and_counted(make_cluster: MakeCluster) -> None:
     members = ("alpha", "mike", "zulu")
-    cluster = harness.mdns_cluster(make_cluster, (*members, "rogue"), len(members))
+    cluster = mdns_cluster(make_cluster, (*members, "rogue"), len(members))
     rogue = cluster["rogue"]
-    argv = [sys.executable, "-c", ROGUE_SCRIPT, cluster.session, TOKEN, harness.IFNAME]
+    argv = [sys.executable, "-c", ROGUE_SCRIPT, cluster.session, TOKEN, IFNAME]
     proc = rogue.spawn([*argv, rogue.address], label="rogue")
-    harness.wait_for(lambda: "announced" in proc.log(), timeout_s=30, what="the rogue announcing")
+    wait_for(lambda: "announced" in proc.log(), timeout_s=30, what="the rogue announcing")
 
     for name in members:
         cluster[name].start_sidecar()

@@ -21,8 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.multihost import harness
 from tests.support import steps
+from tests.support.cluster.build import Cluster, MakeCluster
+from tests.support.cluster.layout import PEER_PORT
+from tests.support.cluster.nodes import Node
+from tests.support.cluster.procs import Proc
+from tests.support.netns import wait_for
 
 pytestmark = pytest.mark.multihost
 
@@ -36,30 +40,28 @@ LOST_S = 5 * INTERVAL_S + 20.0
 STEPS = Path(steps.__file__)
 
 
-def start(make_cluster: harness.MakeCluster, **kwargs: Any) -> harness.Cluster:
+def start(make_cluster: MakeCluster, **kwargs: Any) -> Cluster:
     cluster = make_cluster(hosts=HOSTS, args=("--keepalive", str(INTERVAL_S)), **kwargs)
     cluster.start_all()
     cluster.wait_all_ready(READY_S)
     return cluster
 
 
-def supervise(
-    cluster: harness.Cluster, *job_args: str, run_args: tuple[str, ...] = ()
-) -> dict[str, harness.Proc]:
+def supervise(cluster: Cluster, *job_args: str, run_args: tuple[str, ...] = ()) -> dict[str, Proc]:
     """`rallypoint run -- steps.py ARGS` on every node."""
     argv = [sys.executable, "-m", "rallypoint", "run", "--quiet", "--timeout", "60", *run_args]
     argv += ["--", sys.executable, str(STEPS), "--mib", "4", *job_args]
     return {node.name: node.spawn(argv, label="run") for node in cluster}
 
 
-def lines(proc: harness.Proc, kind: str) -> list[dict[str, Any]]:
+def lines(proc: Proc, kind: str) -> list[dict[str, Any]]:
     prefix = kind + " "
     return [json.loads(x[len(prefix) :]) for x in proc.log().splitlines() if x.startswith(prefix)]
 
 
-def wait_running(cluster: harness.Cluster, runs: dict[str, harness.Proc], step: int = 0) -> None:
+def wait_running(cluster: Cluster, runs: dict[str, Proc], step: int = 0) -> None:
     """Every rank past ``step``'s all-reduce (gloo's full mesh is up everywhere)."""
-    harness.wait_for(
+    wait_for(
         lambda: all(any(s["step"] >= step for s in lines(p, "STEP")) for p in runs.values()),
         timeout_s=RUNNING_S,
         what=f"every rank past step {step}",
@@ -67,7 +69,7 @@ def wait_running(cluster: harness.Cluster, runs: dict[str, harness.Proc], step: 
     )
 
 
-def ends(runs: dict[str, harness.Proc], names: tuple[str, ...], timeout_s: float) -> dict[str, int]:
+def ends(runs: dict[str, Proc], names: tuple[str, ...], timeout_s: float) -> dict[str, int]:
     out = {}
     for name in names:
         try:
@@ -77,13 +79,13 @@ def ends(runs: dict[str, harness.Proc], names: tuple[str, ...], timeout_s: float
     return out
 
 
-def first_failure_line(proc: harness.Proc) -> str:
+def first_failure_line(proc: Proc) -> str:
     found = [x for x in proc.log().splitlines() if "rallypoint: first failure:" in x]
     assert found, proc.log()[-3000:]
     return found[-1]
 
 
-def kill_node(node: harness.Node) -> None:
+def kill_node(node: Node) -> None:
     """The node vanishes: its link goes down first (no FIN, no RST), then every process dies."""
     node.link_down()
     pids = subprocess.run(
@@ -95,7 +97,7 @@ def kill_node(node: harness.Node) -> None:
 
 
 def test_a_failed_rank_stops_every_other_node_with_its_status(
-    make_cluster: harness.MakeCluster, torch_script: Any
+    make_cluster: MakeCluster, torch_script: Any
 ) -> None:
     cluster = start(make_cluster)
     # sub2 (rank 2) exits 3 after step 2; the others are in a 6 s compute phase then: the
@@ -125,7 +127,7 @@ def test_a_failed_rank_stops_every_other_node_with_its_status(
 
 
 def test_a_lost_node_stops_the_others_with_the_requeue_status(
-    make_cluster: harness.MakeCluster, torch_script: Any
+    make_cluster: MakeCluster, torch_script: Any
 ) -> None:
     cluster = start(make_cluster)
     # A job that ignores SIGTERM (blocked in a collective, or a handler that never returns)
@@ -152,7 +154,7 @@ def test_a_lost_node_stops_the_others_with_the_requeue_status(
 
 
 def test_a_node_whose_sidecar_is_cut_off_stops_with_every_other_on_the_requeue_status(
-    make_cluster: harness.MakeCluster, torch_script: Any
+    make_cluster: MakeCluster, torch_script: Any
 ) -> None:
     """sub2's peer port is cut both ways; the job's own traffic still flows.
 
@@ -166,7 +168,7 @@ def test_a_node_whose_sidecar_is_cut_off_stops_with_every_other_on_the_requeue_s
     runs = supervise(cluster, "--compute-s", "0.2")
     try:
         wait_running(cluster, runs, step=2)
-        cluster["sub2"].cut_port(harness.PEER_PORT)
+        cluster["sub2"].cut_port(PEER_PORT)
         codes = ends(runs, HOSTS, LOST_S)
     finally:
         for proc in runs.values():
@@ -181,7 +183,7 @@ def test_a_node_whose_sidecar_is_cut_off_stops_with_every_other_on_the_requeue_s
 
 
 def test_a_node_stopped_from_outside_stops_the_others_with_the_requeue_status(
-    make_cluster: harness.MakeCluster, torch_script: Any
+    make_cluster: MakeCluster, torch_script: Any
 ) -> None:
     cluster = start(make_cluster)
     runs = supervise(cluster, "--compute-s", "0.5", run_args=("--lost-exit-code", "99"))
@@ -200,7 +202,7 @@ def test_a_node_stopped_from_outside_stops_the_others_with_the_requeue_status(
 
 
 def test_healthy_jobs_end_0_and_a_done_node_leaving_stops_nobody(
-    make_cluster: harness.MakeCluster, torch_script: Any
+    make_cluster: MakeCluster, torch_script: Any
 ) -> None:
     cluster = start(make_cluster)
     # sub1 writes its "checkpoint" for 3 liveness bounds after the last collective, while

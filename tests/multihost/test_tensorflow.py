@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from tests.multihost import clients, harness
-from tests.multihost.conftest import MakeCluster
+from tests.conftest import require_module
+from tests.multihost import clients
+from tests.support.cluster.build import MakeCluster, backendai_order
 
 pytestmark = [pytest.mark.multihost, pytest.mark.tensorflow, pytest.mark.timeout(900)]
 
@@ -28,11 +29,11 @@ JOB_S = 300.0  # three TensorFlow imports on two shared cores
 def test_multi_worker_all_reduce_runs_on_the_served_tf_config(
     make_cluster: MakeCluster, layout: str, family: str
 ) -> None:
-    clients.require_module("tensorflow", "pip install tensorflow-cpu")
+    require_module("tensorflow", "pip install tensorflow-cpu")
     cluster = make_cluster(args=("--frameworks", "tf", "--tf-layout", layout), family=family)
     cluster.start_all()
     served = cluster.wait_all_ready(READY_S)
-    order = harness.backendai_order(cluster.hosts)
+    order = backendai_order(cluster.hosts)
     configs = {name: json.loads(values["TF_CONFIG"]) for name, values in served.items()}
     clusters = {json.dumps(c["cluster"], sort_keys=True) for c in configs.values()}
     assert len(clusters) == 1, clusters

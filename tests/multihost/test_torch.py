@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost import clients, harness
+from tests.multihost import clients
+from tests.support.cluster.build import Cluster, backendai_order
+from tests.support.netns import IFNAME
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
@@ -28,7 +30,7 @@ JOB_S = 90.0  # three torch imports on two cores dominate
     ],
 )
 def test_gloo_all_reduce_runs_on_the_served_env(
-    cluster: harness.Cluster,
+    cluster: Cluster,
     torch_script: Path,
     pinned: tuple[str, ...],
     args: tuple[str, ...],
@@ -43,7 +45,7 @@ def test_gloo_all_reduce_runs_on_the_served_env(
     for name in pinned:
         warnings = " ".join(cluster[name].status()["warnings"])
         assert name in warnings and "127.0.1.1" in warnings, warnings
-        assert served[name]["GLOO_SOCKET_IFNAME"] == harness.IFNAME
+        assert served[name]["GLOO_SOCKET_IFNAME"] == IFNAME
 
     results = clients.run_torch_job(list(cluster), torch_script, timeout_s=JOB_S)
 
@@ -52,7 +54,7 @@ def test_gloo_all_reduce_runs_on_the_served_env(
         assert code == 0 and result is not None, f"{name}: exit {code}, {result}"
         assert result["ok"] and result["sum"] == result["expected"] == 6.0, result
         assert result["world_size"] == 3
-        assert result["rank"] == harness.backendai_order(cluster.hosts).index(name)
+        assert result["rank"] == backendai_order(cluster.hosts).index(name)
         assert result["master_addr"] == "main1"
         assert int(result["master_port"]) == master_port
         assert sorted(result["hosts"]) == sorted(cluster.hosts)

@@ -11,8 +11,9 @@ import errno
 
 import pytest
 
-from tests.multihost import clients, harness
-from tests.multihost.conftest import MakeCluster
+from tests.conftest import require_module
+from tests.multihost import clients
+from tests.support.cluster.build import MakeCluster, backendai_order
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch, pytest.mark.timeout(900)]
 
@@ -26,11 +27,11 @@ NPROC = 2
 def test_torchrun_runs_two_processes_per_node_on_the_served_env(
     make_cluster: MakeCluster, backend: str, family: str
 ) -> None:
-    clients.require_module("torch", "pip install torch==2.13.0")
+    require_module("torch", "pip install torch==2.13.0")
     cluster = make_cluster(args=("--nproc-per-node", str(NPROC)), family=family)
     cluster.start_all()
     served = cluster.wait_all_ready(READY_S)
-    order = harness.backendai_order(cluster.hosts)
+    order = backendai_order(cluster.hosts)
     master_port = int(served["main1"]["MASTER_PORT"])
     for name, values in served.items():
         assert values["PET_NPROC_PER_NODE"] == str(NPROC)

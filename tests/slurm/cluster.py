@@ -15,23 +15,23 @@ would see on a real cluster: ``SLURMD_NODENAME``, ``hostname`` and the hosts fil
 All hosts share this machine's filesystem, so a job runs the same Python environment as
 the tests. One ``munged`` with its own key and socket serves every namespace: its socket
 is a file. Slurm's own files (slurm.conf, state, spool, logs, pid files) live in the
-cluster's work directory, so a fresh cluster starts from empty state and never touches a
-Slurm installed on the machine.
+cluster's work directory (conf.py), so a fresh cluster starts from empty state and never
+touches a Slurm installed on the machine. Batch jobs are jobs.py's, the sweeper runs.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
-import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from tests.slurm.conf import write_config
+from tests.slurm.jobs import BatchJobs
+from tests.slurm.runs import OWNERS_DIR, RUNS, run_tag
 from tests.support import netns
 from tests.support.netns import sh, wait_for
 
@@ -40,39 +40,8 @@ CONTROLLER = "head"
 #: Compute nodes, in Slurm's order; ``gpu[07-09]`` is what SLURM_JOB_NODELIST shows.
 NODES = ("gpu07", "gpu08", "gpu09")
 NODELIST = "gpu[07-09]"
-PARTITION = "gpu"
-#: Every host's interface on the bridge (what GLOO_SOCKET_IFNAME should name).
-IFNAME = netns.IFNAME
-#: Which tag belongs to which live run (and its munged), so the sweeper spares live runs.
-OWNERS_DIR = Path("/run/rallypoint-slurm")
-DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "sinfo")
 #: The iptables rules of a host that vanished: nothing in, nothing out.
 DROP_ALL = (("INPUT", "-j", "DROP"), ("OUTPUT", "-j", "DROP"))
-#: Terminal job states (squeue/scontrol names).
-FINAL_STATES = frozenset(
-    {
-        "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-        "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
-    }
-)  # fmt: skip
-_TAG_RE = re.compile(r"^(rps\d{1,3})(?:-|br$|[vp]\d)")
-
-
-def run_tag() -> str:
-    """This process's resource prefix: ``rps`` and the pid modulo 1000."""
-    return f"rps{os.getpid() % 1000}"
-
-
-def prerequisites() -> str | None:
-    """Why a Slurm cluster cannot run here, or None when it can."""
-    return netns.prerequisites(
-        f"{run_tag()}-probe", DAEMONS, root_for="Slurm daemons in network namespaces"
-    )
-
-
-def base_environ() -> dict[str, str]:
-    """The few variables a daemon or client needs; nothing else of the caller's leaks in."""
-    return netns.base_environ()
 
 
 @dataclass(frozen=True)
@@ -85,30 +54,7 @@ class Host:
     veth: str
 
 
-@dataclass(frozen=True)
-class Job:
-    """A finished (or abandoned) batch job: what scontrol and its output file say."""
-
-    job_id: str
-    state: str
-    exit_code: str
-    nodes: str
-    batch_host: str
-    output: str
-    record: Mapping[str, str] = field(default_factory=dict)
-
-    def lines(self, prefix: str) -> list[str]:
-        """The output lines that start with prefix."""
-        return [line for line in self.output.splitlines() if line.startswith(prefix)]
-
-    def describe(self) -> str:
-        return (
-            f"job {self.job_id}: {self.state} exit {self.exit_code} on {self.nodes}\n"
-            f"--- output ---\n{self.output}"
-        )
-
-
-class SlurmCluster:
+class SlurmCluster(BatchJobs):
     """slurmctld on ``head`` and one slurmd per compute node, each in its own namespace.
 
     A context manager that always cleans up: daemons, namespaces, links, the iptables rule
@@ -170,10 +116,9 @@ class SlurmCluster:
         glibc answers the first matching line, so a pinned ``127.0.1.1 gpu08`` line (what
         Debian's installer writes for the machine's own name) wins over the real address.
         """
-        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        lines += [f"{address}\t{name}" for name, address in (pinned or {}).items()]
-        lines += [f"{host.address}\t{host.name}" for host in self.hosts.values()]
-        return "\n".join(lines) + "\n"
+        lines = [(address, name) for name, address in (pinned or {}).items()]
+        lines += [(host.address, host.name) for host in self.hosts.values()]
+        return netns.hosts_file(lines)
 
     def write_hosts(self, name: str, text: str) -> None:
         """Replace a namespace's hosts file in place (a bind mount follows the inode)."""
@@ -196,36 +141,13 @@ class SlurmCluster:
             self.bridge.add_host(host.ns, host.veth, peer, [host.address], self.hosts_text())
 
     def _files(self) -> None:
-        work = self.workdir
-        for sub in ("state", "log", "munge", "jobs", *(f"spool/{n}" for n in self.nodes)):
-            (work / sub).mkdir(parents=True, exist_ok=True)
-        (work / "munge").chmod(0o700)
-        key = work / "munge" / "munge.key"
-        key.write_bytes(os.urandom(1024))
-        key.chmod(0o400)
-        nodes = "\n".join(
-            f"NodeName={name} NodeAddr={self.hosts[name].address} CPUs=2 State=UNKNOWN"
-            for name in self.nodes
-        )
-        self.conf.write_text(
-            SLURM_CONF.format(
-                work=work,
-                controller=CONTROLLER,
-                controller_addr=self.hosts[CONTROLLER].address,
-                socket=self.munge_socket,
-                nodes=nodes,
-                partition=PARTITION,
-                nodelist=",".join(self.nodes),
-            )
-        )
-        # Under `ip netns exec` /sys has no cgroup hierarchy: slurmd then refuses to start
-        # unless a cgroup plugin is named. v1 loads and is never used by linuxproc/task none.
-        (work / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
-        (work / "plugstack.conf").write_text("")
+        nodes = {name: self.hosts[name].address for name in self.nodes}
+        controller = (CONTROLLER, self.hosts[CONTROLLER].address)
+        write_config(self.conf, controller, nodes, self.munge_socket)
 
     def environ(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of Slurm's daemons and clients: its config file, nothing else."""
-        env = base_environ()
+        env = netns.base_environ()
         env["SLURM_CONF"] = str(self.conf)
         env.update(extra or {})
         return env
@@ -311,7 +233,7 @@ class SlurmCluster:
                 states[parts[0]] = parts[1]
         return states
 
-    # --- clients and jobs -----------------------------------------------------------------
+    # --- clients (jobs.py submits batch jobs through them) ----------------------------
 
     def client(
         self,
@@ -338,98 +260,6 @@ class SlurmCluster:
             raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {said}")
         return done
 
-    def job_dir(self, label: str) -> Path:
-        """A fresh directory for one job: its script, its files, its output."""
-        self._jobs += 1
-        path = self.workdir / "jobs" / f"{self._jobs:02d}-{label}"
-        path.mkdir(parents=True)
-        return path
-
-    def submit(
-        self,
-        script: str,
-        workdir: Path,
-        *,
-        args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-    ) -> str:
-        """sbatch the script text from workdir; return the job id."""
-        path = workdir / "job.sh"
-        path.write_text(script)
-        argv = [
-            "sbatch", "--parsable", f"--chdir={workdir}",
-            f"--output={workdir / 'slurm-%j.out'}", *args, str(path),
-        ]  # fmt: skip
-        done = self.client(argv, env=env, cwd=workdir)
-        return done.stdout.strip().split(";")[0]
-
-    def job_record(self, job_id: str) -> dict[str, str]:
-        """scontrol's record of a job as a dict ({} when unknown)."""
-        done = self.client(["scontrol", "--oneliner", "show", "job", job_id], check=False)
-        record: dict[str, str] = {}
-        for item in done.stdout.split():
-            key, sep, value = item.partition("=")
-            if sep and key not in record:
-                record[key] = value
-        return record
-
-    def wait_job(self, job_id: str, workdir: Path, timeout_s: float) -> Job:
-        """Wait until the job ends; scancel it (and report what it printed) after timeout_s."""
-        deadline = time.monotonic() + timeout_s
-        record: dict[str, str] = {}
-        while time.monotonic() < deadline:
-            record = self.job_record(job_id)
-            if record.get("JobState") in FINAL_STATES:
-                break
-            time.sleep(0.5)
-        else:
-            self.client(["scancel", job_id], check=False)
-            wait_for(
-                lambda: self.job_record(job_id).get("JobState") in FINAL_STATES,
-                timeout_s=30,
-                interval_s=0.2,
-                what=f"job {job_id} cancelled",
-            )
-            record = self.job_record(job_id)
-            record["JobState"] = f"{record.get('JobState')} (cancelled after {timeout_s:g} s)"
-        out = workdir / f"slurm-{job_id}.out"
-        # slurmstepd may still be flushing the last lines when the state turns final.
-        text = ""
-        for _ in range(10):
-            text = out.read_text(errors="replace") if out.exists() else ""
-            if text:
-                break
-            time.sleep(0.2)
-        return Job(
-            job_id=job_id,
-            state=record.get("JobState", "UNKNOWN"),
-            exit_code=record.get("ExitCode", "?"),
-            nodes=record.get("NodeList", "?"),
-            batch_host=record.get("BatchHost", "?"),
-            output=text,
-            record=record,
-        )
-
-    def run_job(
-        self,
-        script: str,
-        label: str,
-        *,
-        args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        files: Mapping[str, str | Path] | None = None,
-        timeout_s: float = 150.0,
-    ) -> Job:
-        """Submit script from a fresh job directory (with files copied in) and wait for it."""
-        workdir = self.job_dir(label)
-        for name, content in (files or {}).items():
-            if isinstance(content, Path):
-                shutil.copy(content, workdir / name)
-            else:
-                (workdir / name).write_text(content)
-        job_id = self.submit(script, workdir, args=args, env=env)
-        return self.wait_job(job_id, workdir, timeout_s)
-
     # --- logs, teardown ---------------------------------------------------------------------
 
     def log(self, label: str, tail_lines: int = 30) -> str:
@@ -449,8 +279,7 @@ class SlurmCluster:
 
     def strays(self, name: str) -> list[int]:
         """Pids of every process in a host's namespace."""
-        done = sh(["ip", "netns", "pids", self.hosts[name].ns], check=False)
-        return [int(pid) for pid in done.stdout.split() if pid.isdigit()]
+        return netns.namespace_pids(self.hosts[name].ns)
 
     # --- a node that vanishes ---------------------------------------------------------------
 
@@ -475,9 +304,7 @@ class SlurmCluster:
         SlurmdTimeout passes), slurmstepd, and the job's processes. `revive` undoes it.
         """
         self._netfilter(name, "-I", DROP_ALL)
-        for pid in self.strays(name):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        netns.kill_namespace(self.hosts[name].ns)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._procs[f"slurmd-{name}"].wait(timeout=10)
 
@@ -487,9 +314,7 @@ class SlurmCluster:
         With ReturnToService=2 a node that was DOWN for not responding returns to service
         when it registers; the caller waits for it (`wait_idle`).
         """
-        for pid in self.strays(name):  # anything left of the job the node ran
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        netns.kill_namespace(self.hosts[name].ns)  # anything left of the job the node ran
         self._netfilter(name, "-D", DROP_ALL)
         argv = ["slurmd", "-D", "-N", name, "-f", str(self.conf)]
         self._spawn(f"slurmd-{name}", self.command(name, argv))
@@ -513,84 +338,10 @@ class SlurmCluster:
         for host in self.hosts.values():
             # slurmstepd and anything a job left behind outlive slurmd: they are in the
             # namespace, so this finds them all.
-            for pid in self.strays(host.name) if (netns.NETNS_DIR / host.ns).exists() else []:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            if (netns.NETNS_DIR / host.ns).exists():
+                netns.kill_namespace(host.ns)
             self.bridge.remove_host(host.ns, host.veth)
         self.bridge.close()
         (OWNERS_DIR / f"{self.tag}.munged").unlink(missing_ok=True)
         (OWNERS_DIR / self.tag).unlink(missing_ok=True)
         RUNS.release(self)
-
-
-#: slurm.conf of the test cluster. Everything lives in the work directory; SlurmUser is
-#: root so that nothing needs the slurm account's permissions on it. A node that stops
-#: answering is DOWN after SlurmdTimeout (plus up to a third of it between pings), and its
-#: batch jobs are requeued (JobRequeue=1; the guide's script also says --requeue); a batch
-#: script that exits 75, `rallypoint run`'s status for a lost node, is requeued too.
-SLURM_CONF = """\
-ClusterName=rallypoint
-SlurmctldHost={controller}({controller_addr})
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={socket}
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation={work}/state
-SlurmdSpoolDir={work}/spool/%n
-SlurmctldPidFile={work}/slurmctld.pid
-SlurmdPidFile={work}/spool/%n/slurmd.pid
-SlurmctldLogFile={work}/log/slurmctld.log
-SlurmdLogFile={work}/log/slurmd-%n.log
-PlugStackConfig={work}/plugstack.conf
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-ReturnToService=2
-SlurmctldTimeout=30
-SlurmdTimeout=30
-JobRequeue=1
-RequeueExit=75
-InactiveLimit=0
-KillWait=5
-MinJobAge=600
-{nodes}
-PartitionName={partition} Nodes={nodelist} Default=YES MaxTime=INFINITE State=UP
-"""
-
-
-# --- lifetime: atexit and the stale-resource sweeper ------------------------------------------
-
-RUNS = netns.Runs(OWNERS_DIR, run_tag)
-close_all = RUNS.close_all
-
-
-def _is_munged(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() == "munged"
-    except OSError:
-        return False
-
-
-def sweep_stale() -> list[str]:
-    """Delete what dead runs left (daemons, namespaces, links, rules, files); list it."""
-    removed = RUNS.sweep(_TAG_RE)
-    if OWNERS_DIR.is_dir():
-        for entry in sorted(OWNERS_DIR.iterdir()):
-            tag = entry.name.removesuffix(".munged")
-            if not RUNS.stale(tag):
-                continue
-            if entry.name.endswith(".munged"):
-                with contextlib.suppress(ValueError, OSError):
-                    pid = int(entry.read_text().strip())
-                    if _is_munged(pid):
-                        os.kill(pid, signal.SIGKILL)
-                        removed.append(f"munged {pid}")
-            entry.unlink(missing_ok=True)
-    return removed

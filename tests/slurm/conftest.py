@@ -16,7 +16,10 @@ import pytest
 
 from tests.conftest import has_failed, require
 from tests.slurm import cluster as slurm_cluster
+from tests.slurm.jobs import Job
+from tests.slurm.runs import prerequisites, sweep_stale
 from tests.support import allreduce
+from tests.support.netns import base_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "deploy" / "slurm.md"
@@ -40,11 +43,11 @@ def slurm_session(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[slurm_cluster.SlurmCluster | Unavailable]:
     """The cluster (or why there is none): started once, closed after the tier's last test."""
-    reason = slurm_cluster.prerequisites()
+    reason = prerequisites()
     if reason is not None:
         yield Unavailable(reason, missing=True)
         return
-    slurm_cluster.sweep_stale()
+    sweep_stale()
     made = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         made.up()
@@ -87,7 +90,7 @@ def job_env() -> dict[str, str]:
         "PyTorch is not installed (pip install torch==2.13.0)",
     )
     bindir = Path(sys.executable).parent
-    path = f"{bindir}:{slurm_cluster.base_environ()['PATH']}"
+    path = f"{bindir}:{base_environ()['PATH']}"
     for tool in ("rallypoint", "torchrun"):
         require(
             shutil.which(tool, path=path) is not None,
@@ -134,7 +137,7 @@ def runnable_guide_script() -> str:
     return script
 
 
-def train_lines(job: slurm_cluster.Job) -> list[dict[str, Any]]:
+def train_lines(job: Job) -> list[dict[str, Any]]:
     """Every `RESULT {...}` record the job printed, parsed, wherever it starts on a line."""
     decoder = json.JSONDecoder()
     found = []
@@ -144,9 +147,7 @@ def train_lines(job: slurm_cluster.Job) -> list[dict[str, Any]]:
     return found
 
 
-def check_every_rank(
-    job: slurm_cluster.Job, nodes: tuple[str, ...], nproc: int
-) -> list[dict[str, Any]]:
+def check_every_rank(job: Job, nodes: tuple[str, ...], nproc: int) -> list[dict[str, Any]]:
     """Every process of the job printed its line, agreed on the sum and on the master."""
     assert job.state == "COMPLETED" and job.exit_code == "0:0", job.describe()
     lines = train_lines(job)
@@ -168,7 +169,7 @@ def check_every_rank(
 
 def run_guide(
     slurm: slurm_cluster.SlurmCluster, name: str, env: dict[str, str]
-) -> tuple[slurm_cluster.Job, list[dict[str, Any]]]:
+) -> tuple[Job, list[dict[str, Any]]]:
     """The guide's batch script on every node with the torch client as train.py: the job,
     and every rank's line once check_every_rank passed."""
     job = slurm.run_job(

@@ -12,6 +12,7 @@ import pytest
 
 from tests.slurm import cluster as slurm_cluster
 from tests.slurm.conftest import run_guide
+from tests.support.netns import IFNAME
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
@@ -30,7 +31,7 @@ def test_own_names_on_127_0_1_1_with_a_pinned_interface(
     job, lines = run_guide(slurm, "loopback", job_env)
     for line in lines:
         assert line["own_address"] == "127.0.1.1", line  # the situation was real
-        assert line["env"]["GLOO_SOCKET_IFNAME"] == slurm_cluster.IFNAME, line
+        assert line["env"]["GLOO_SOCKET_IFNAME"] == IFNAME, line
     # Each sidecar says which name is on loopback, in the job's output.
     warned = [
         line

@@ -27,6 +27,7 @@ import pytest
 
 from tests.slurm import cluster as slurm_cluster
 from tests.slurm.conftest import NODES, runnable_guide_script
+from tests.slurm.jobs import FINAL_STATES
 from tests.support.netns import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
@@ -124,7 +125,7 @@ def wait_running(slurm: slurm_cluster.SlurmCluster, workdir: Path, job_id: str) 
 
     def running() -> bool:
         state = slurm.job_record(job_id).get("JobState")
-        assert state not in slurm_cluster.FINAL_STATES, output(workdir, job_id)
+        assert state not in FINAL_STATES, output(workdir, job_id)
         return len(set(re.findall(r"RUNNING rank=(\d+)", output(workdir, job_id)))) == NODES
 
     wait_for(
@@ -197,7 +198,7 @@ def cancel(slurm: slurm_cluster.SlurmCluster, job_id: str) -> None:
     """scancel the job (requeued and pending, or whatever it is) and wait for its end."""
     slurm.client(["scancel", job_id], check=False)
     wait_for(
-        lambda: slurm.job_record(job_id).get("JobState") in slurm_cluster.FINAL_STATES,
+        lambda: slurm.job_record(job_id).get("JobState") in FINAL_STATES,
         timeout_s=60,
         interval_s=0.5,
         what=f"job {job_id} cancelled",

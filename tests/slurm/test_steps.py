@@ -16,6 +16,7 @@ from tests.slurm.conftest import (
     runnable_guide_script,
     train_lines,
 )
+from tests.slurm.jobs import Job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
@@ -31,7 +32,7 @@ def srun_block(script: str) -> str:
     return match.group(0)
 
 
-def error_lines(job: slurm_cluster.Job, variable: str) -> list[str]:
+def error_lines(job: Job, variable: str) -> list[str]:
     return [line for line in job.lines("error: ") if variable in line]
 
 

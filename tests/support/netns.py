@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -112,6 +112,19 @@ def wait_for(
         time.sleep(interval_s)
 
 
+def namespace_pids(ns: str) -> list[int]:
+    """Pids of every process in namespace ``ns`` (none once it is gone)."""
+    done = sh(["ip", "netns", "pids", ns], check=False)
+    return [int(pid) for pid in done.stdout.split() if pid.isdigit()]
+
+
+def kill_namespace(ns: str) -> None:
+    """SIGKILL every process in namespace ``ns``."""
+    for pid in namespace_pids(ns):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def base_environ(keep: Sequence[str] = ()) -> dict[str, str]:
     """PATH, HOME, locale and TMPDIR (plus ``keep``): nothing else of the caller's leaks in."""
     names = ("PATH", "HOME", "LANG", "LC_ALL", *keep, "TMPDIR")
@@ -128,6 +141,13 @@ def in_namespace(ns: str, hostname: str, argv: Sequence[str]) -> list[str]:
         "sh", "-c", 'hostname "$0" && exec "$@"', hostname,
         *argv,
     ]  # fmt: skip
+
+
+def hosts_file(entries: Iterable[tuple[str, str]]) -> str:
+    """A hosts file: localhost (IPv4 and IPv6), then one line per (address, name) in order."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    lines += [f"{address}\t{name}" for address, name in entries]
+    return "\n".join(lines) + "\n"
 
 
 def write_hosts(ns: str, text: str) -> None:
@@ -302,9 +322,7 @@ class Runs:
 
         namespaces = sorted(NETNS_DIR.iterdir()) if NETNS_DIR.is_dir() else []
         for entry in (entry for entry in namespaces if stale(entry.name)):
-            for pid in sh(["ip", "netns", "pids", entry.name], check=False).stdout.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            kill_namespace(entry.name)
             sh(["ip", "netns", "del", entry.name], check=False)
             removed.append(f"netns {entry.name}")
         for link in json.loads(sh(["ip", "-j", "link", "show"]).stdout or "[]"):

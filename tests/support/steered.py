@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 from rallypoint.net import probe
-from tests.support.cluster import Cluster
+from tests.support.cluster.inprocess import Cluster
 
 
 class Steered(Cluster):
