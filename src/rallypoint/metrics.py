@@ -98,14 +98,24 @@ class Family:
 
         labels = list(self.label_names)
         if self.kind == "gauge":
-            gauge = GaugeMetricFamily(self.name, self.doc, labels=labels)
+            gauges = GaugeMetricFamily(self.name, self.doc, labels=labels)
             for key, sample in list(self._samples.items()):
-                gauge.add_metric(list(key), sample._value)
-            return gauge
-        counter = CounterMetricFamily(self.name, self.doc, labels=labels)
+                gauges.add_metric(list(key), sample._value)
+            return gauges
+        counters = CounterMetricFamily(self.name, self.doc, labels=labels)
         for key, sample in list(self._samples.items()):
-            counter.add_metric(list(key), sample._value, created=sample._created)
-        return counter
+            counters.add_metric(list(key), sample._value, created=sample._created)
+        return counters
+
+
+def counter(name: str, doc: str, *labels: str) -> Family:
+    """A family of counters (prometheus_client's Counter, kept in plain numbers)."""
+    return Family("counter", name, doc, *labels)
+
+
+def gauge(name: str, doc: str, *labels: str) -> Family:
+    """A family of gauges (prometheus_client's Gauge, kept in plain numbers)."""
+    return Family("gauge", name, doc, *labels)
 
 
 class Metrics:
@@ -132,93 +142,75 @@ class Metrics:
 
     def _add_rendezvous_families(self) -> None:
         """Readiness, joins, resolutions, pokes and the HTTP API."""
-        self.ready = Family("gauge", "rallypoint_ready", "1 when /env serves, else 0")
-        self.ready_transitions = Family(
-            "counter", "rallypoint_ready_transitions", "Readiness changes, by new state", "to"
+        self.ready = gauge("rallypoint_ready", "1 when /env serves, else 0")
+        self.ready_transitions = counter(
+            "rallypoint_ready_transitions", "Readiness changes, by new state", "to"
         )
-        self.generation_changes = Family(
-            "counter",
-            "rallypoint_generation_changes",
-            "Cluster documents with a new generation acted on",
+        self.generation_changes = counter(
+            "rallypoint_generation_changes", "Cluster documents with a new generation acted on"
         )
-        self.joins = Family(
-            "counter", "rallypoint_joins", "Join requests answered (master), by result", "result"
+        self.joins = counter(
+            "rallypoint_joins", "Join requests answered (master), by result", "result"
         )
-        self.join_attempts = Family(
-            "counter",
-            "rallypoint_join_attempts",
-            "Join attempts made (worker), by result",
-            "result",
+        self.join_attempts = counter(
+            "rallypoint_join_attempts", "Join attempts made (worker), by result", "result"
         )
-        self.auth_failures = Family(
-            "counter",
-            "rallypoint_auth_failures",
-            "Peer messages rejected by authentication",
-            "reason",
+        self.auth_failures = counter(
+            "rallypoint_auth_failures", "Peer messages rejected by authentication", "reason"
         )
-        self.resolutions = Family(
-            "counter", "rallypoint_resolutions", "Host name resolutions, by verdict", "verdict"
+        self.resolutions = counter(
+            "rallypoint_resolutions", "Host name resolutions, by verdict", "verdict"
         )
-        self.requests = Family(
-            "counter", "rallypoint_http_requests", "HTTP requests served", "api", "route", "status"
+        self.requests = counter(
+            "rallypoint_http_requests", "HTTP requests served", "api", "route", "status"
         )
-        self.pokes_received = Family(
-            "counter", "rallypoint_pokes_received", "Pokes accepted from the master"
+        self.pokes_received = counter("rallypoint_pokes_received", "Pokes accepted from the master")
+        self.pokes_sent = counter(
+            "rallypoint_pokes_sent", "Pokes sent to workers, by result", "result"
         )
-        self.pokes_sent = Family(
-            "counter", "rallypoint_pokes_sent", "Pokes sent to workers, by result", "result"
-        )
-        self.mdns_wakeups = Family(
-            "counter",
+        self.mdns_wakeups = counter(
             "rallypoint_mdns_wakeups",
             "Join backoffs cut short because mDNS showed the master start or change generation",
         )
 
     def _add_probe_families(self) -> None:
         """The data-path checks: probes, measured links and relayed batches."""
-        self.probes_sent = Family(
-            "counter",
+        self.probes_sent = counter(
             "rallypoint_probes_sent",
             "Connection probes made to peers' ports, by kind and cause (ok, timeout ...)",
             "kind",
             "cause",
         )
-        self.probes_answered = Family(
-            "counter",
+        self.probes_answered = counter(
             "rallypoint_probes_answered",
             "Connections to this node's probe windows, by result (answered, garbage ...)",
             "result",
         )
-        self.link_mbps = Family(
-            "gauge",
+        self.link_mbps = gauge(
             "rallypoint_link_throughput_mbps",
             "Throughput of each link this node measured, Mbit/s, by peer and direction (up: "
             "towards the peer)",
             "peer",
             "direction",
         )
-        self.link_retrans = Family(
-            "gauge",
+        self.link_retrans = gauge(
             "rallypoint_link_retransmit_ratio",
             "Share of the bytes retransmitted on each link this node measured, by peer and "
             "direction",
             "peer",
             "direction",
         )
-        self.link_rtt = Family(
-            "gauge",
+        self.link_rtt = gauge(
             "rallypoint_link_rtt_seconds",
             "Smoothed RTT of each link this node measured (TCP_INFO), by peer",
             "peer",
         )
-        self.probe_bytes = Family(
-            "counter",
+        self.probe_bytes = counter(
             "rallypoint_probe_bytes",
             "Bytes the data-path checks moved, both ends, by direction (sent, received)",
             "direction",
         )
-        self.relay_batches = Family(
-            "counter",
+        self.relay_batches = counter(
             "rallypoint_relay_batches",
             "Batches a relay sent the master, by route and result (accepted, a refusal's code, "
             "unreachable, interrupted)",
@@ -228,30 +220,26 @@ class Metrics:
 
     def _add_liveness_families(self) -> None:
         """Clocks (core/clock.py), keep-alives (keepalive.py) and the job (jobwatch.py)."""
-        self.clock_offset = Family(
-            "gauge",
+        self.clock_offset = gauge(
             "rallypoint_clock_offset_seconds",
             "This node's clock minus the master's, as last measured (0 on the master)",
         )
-        self.peer_up = Family(
-            "gauge",
+        self.peer_up = gauge(
             "rallypoint_peer_up",
             "1 while a peer answers keep-alives (directly or as the master reports), 0 once "
             "named down; above 256 nodes only peers that were down have a series",
             "peer",
         )
-        self.peers_down = Family(
-            "gauge", "rallypoint_peers_down", "How many peers this node names down right now"
+        self.peers_down = gauge(
+            "rallypoint_peers_down", "How many peers this node names down right now"
         )
-        self.jobs = Family(
-            "gauge",
+        self.jobs = gauge(
             "rallypoint_jobs",
             "How many nodes' jobs are in each state (waiting, running, exited ...), as this "
             "node knows them",
             "state",
         )
-        self.job_failures = Family(
-            "counter",
+        self.job_failures = counter(
             "rallypoint_job_failures",
             "Job failures this node heard of, by cause (exited, killed, terminated, lost)",
             "cause",

@@ -99,6 +99,11 @@ def opt(decl: str, help: str, **kwargs: Any) -> Callable[[_F], _F]:
     return option(specs.Spec(decl, help, **kwargs))
 
 
+def seconds_option(decl: str, help: str, envvar: str, default: float) -> Callable[[_F], _F]:
+    """An option of seconds (above zero), also read from envvar; --help shows both."""
+    return opt(decl, help, envvar=envvar, rule=rules.Seconds(), default=default)
+
+
 def apply(*decorators: Callable[[_F], _F]) -> Callable[[_F], _F]:
     """Several decorators as one, applied so --help lists them in the order given."""
 

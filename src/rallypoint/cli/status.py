@@ -9,8 +9,13 @@ from typing import Any
 
 import click
 
-from rallypoint.cli import rules
-from rallypoint.cli.options import client_options, logging_options, mdns_interfaces, opt
+from rallypoint.cli.options import (
+    client_options,
+    logging_options,
+    mdns_interfaces,
+    opt,
+    seconds_option,
+)
 from rallypoint.cli.output import EXIT_FAILED, Command, cell, table
 from rallypoint.cli.setup import base_url, setup
 
@@ -207,13 +212,7 @@ def _override(item: object) -> str:
 
 
 @click.command(cls=Command)
-@opt(
-    "--seconds",
-    "How long to listen.",
-    envvar="RALLYPOINT_PEERS_SECONDS",
-    rule=rules.Seconds(),
-    default=3.0,
-)
+@seconds_option("--seconds", "How long to listen.", "RALLYPOINT_PEERS_SECONDS", 3.0)
 @mdns_interfaces
 @opt(
     "--json",

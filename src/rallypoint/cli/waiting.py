@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rallypoint.cli import rules
 from rallypoint.cli.options import (
     client_options,
     format_option,
     opt,
     quiet_option,
+    seconds_option,
     wait_timeout,
     where,
 )
@@ -167,13 +167,7 @@ def env(ctx: click.Context, /, fmt: str, **_: Any) -> None:
 
 
 @click.command(cls=Command)
-@opt(
-    "--timeout",
-    "Seconds to wait for the answer.",
-    envvar="RALLYPOINT_CHECK_TIMEOUT",
-    rule=rules.Seconds(),
-    default=2.0,
-)
+@seconds_option("--timeout", "Seconds to wait for the answer.", "RALLYPOINT_CHECK_TIMEOUT", 2.0)
 @client_options
 @click.pass_context
 def check(ctx: click.Context, /, timeout: float, **_: Any) -> None:

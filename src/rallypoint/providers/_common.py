@@ -170,6 +170,11 @@ def choose_session(environ: Mapping[str, str], derived: str) -> str:
     return derived
 
 
+def hosts_session(environ: Mapping[str, str], prefix: str, hosts: Sequence[str]) -> str:
+    """RALLYPOINT_SESSION when set, else prefix and a digest of the (case-folded) host names."""
+    return choose_session(environ, f"{prefix}-{digest(*(host.lower() for host in hosts))}")
+
+
 def check_nnodes(environ: Mapping[str, str], key: str, count: int, source: str) -> None:
     """ClusterSpecError when the size variable key disagrees with the node list's length."""
     declared = get_int(environ, key, minimum=1, maximum=MAX_NODES)

@@ -9,12 +9,11 @@ from rallypoint.model import ClusterSpec
 from rallypoint.providers._common import (
     build,
     check_nnodes,
-    choose_session,
-    digest,
     find_host,
     get,
     get_int,
     host_name,
+    hosts_session,
     ip_literal,
     require,
     show,
@@ -73,11 +72,10 @@ def read(environ: Mapping[str, str]) -> ClusterSpec:
 
     order = [master_position, *(i for i in range(len(listed)) if i != master_position)]
     hosts = [listed[i] for i in order]
-    derived = f"explicit-{digest(*(host.lower() for host in hosts))}"
     return build(
         NAME,
         hosts,
         order.index(position),
-        choose_session(environ, derived),
+        hosts_session(environ, NAME, hosts),
         facts=(("position", str(position)), ("master_position", str(master_position))),
     )

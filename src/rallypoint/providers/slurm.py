@@ -12,11 +12,11 @@ from rallypoint.providers._common import (
     build,
     check_nnodes,
     choose_session,
-    digest,
     find_host,
     get,
     get_int,
     host_name,
+    hosts_session,
     session_id,
     show,
     unique,
@@ -86,10 +86,10 @@ def read(environ: Mapping[str, str]) -> ClusterSpec:
 
     facts = [("nodelist", expression)]
     job_id = get(environ, JOB_ID)
-    if job_id is not None:
+    if job_id is None:
+        session = hosts_session(environ, NAME, hosts)
+    else:
         job_id = session_id(JOB_ID, job_id)
         facts.insert(0, ("job_id", job_id))
-        derived = f"slurm-{job_id}"
-    else:
-        derived = f"slurm-{digest(*(host.lower() for host in hosts))}"
-    return build(NAME, hosts, rank, choose_session(environ, derived), facts=facts)
+        session = choose_session(environ, f"slurm-{job_id}")
+    return build(NAME, hosts, rank, session, facts=facts)

@@ -144,11 +144,8 @@ class NameCheck:
         res = await resolve.check(
             self.ctx.resolver, member.host, expected, timeout_s=self.ctx.settings.resolve_timeout_s
         )
-        self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
-        reason = self._peer_reason(res)
-        self.ctx.peers.resolved(member.rank, res, excused=self._excuse(res, reason))
+        reason = self._record_peer(doc, member, res)
         if reason is None:
-            self._passed(doc, member.rank, res)
             return res
         # Show the first failure at once; the retries below may take until the deadline.
         self._on_peer_failure(doc, member.host, reason)
@@ -163,16 +160,17 @@ class NameCheck:
             clock=self.ctx.clock,
             accept_loopback=self.ctx.accept_loopback,
         )
+        self._record_peer(doc, member, res)
+        return res
+
+    def _record_peer(self, doc: ClusterDoc, member: Member, res: Resolution) -> Reason | None:
+        """Count and record a peer's resolution, telling the listener of a pass; why it failed."""
         self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
         reason = self._peer_reason(res)
         self.ctx.peers.resolved(member.rank, res, excused=self._excuse(res, reason))
-        if reason is None:
-            self._passed(doc, member.rank, res)
-        return res
-
-    def _passed(self, doc: ClusterDoc, rank: int, res: Resolution) -> None:
-        if self._on_peer_passed is not None:
-            self._on_peer_passed(doc, rank, res)
+        if reason is None and self._on_peer_passed is not None:
+            self._on_peer_passed(doc, member.rank, res)
+        return reason
 
     def _peer_reason(self, res: Resolution) -> Reason | None:
         return names.peer_reason(res, accept_loopback=self.ctx.accept_loopback)

@@ -38,13 +38,14 @@ class Route:
     #: for what the server answers from the node's state alone (readiness).
     handler: str | None
     #: The request body's parser (None: no body, a GET).
-    parse_request: Callable[[bytes], Any] | None
+    parse_request: Callable[[bytes], Any] | None = None
     #: The answer's encoder (None: 204, no answer) and parser.
-    encode_answer: Callable[[Any], bytes] | None
-    parse_answer: Callable[[bytes], Any] | None
-    #: The largest answer a client reads.
-    answer_limit: int
-    deadline: Deadline
+    encode_answer: Callable[[Any], bytes] | None = None
+    parse_answer: Callable[[bytes], Any] | None = None
+    #: The largest answer a client reads (1 KiB leaves an answerless route room for an error).
+    answer_limit: int = 1024
+    #: The client's deadline for the request: most routes take one exchange.
+    deadline: Deadline = "exchange"
     #: Whether the answer carries this node's clock stamp (a sample for the asker's offset).
     stamped: bool = False
     #: The one query parameter the signature covers, when the route takes one.
@@ -73,13 +74,13 @@ class Route:
 #: A worker's join (a relay's member's too), to the master or its relay.
 JOIN = Route(
     "POST", "/v1/join", "handle_join", wire.parse_join, wire.encode_join_answer,
-    wire.parse_join_answer, wire.MAX_JOIN_BYTES, "exchange", stamped=True,
+    wire.parse_join_answer, wire.MAX_JOIN_BYTES, stamped=True,
     served_by="master, or a relay for its group",
 )  # fmt: skip
 #: A relay's batch of its group's joins, to the master.
 JOINS = Route(
     "POST", "/v1/joins", "handle_joins", batch.parse_join_batch, wire.encode_join_answer,
-    wire.parse_join_answer, wire.MAX_JOIN_BYTES, "exchange", stamped=True,
+    wire.parse_join_answer, wire.MAX_JOIN_BYTES, stamped=True,
     served_by="master",
 )  # fmt: skip
 #: The cluster document as a long-poll: a newer one, or 204 when the poll timed out.
@@ -89,15 +90,11 @@ CLUSTER = Route(
     served_by="master, or a relay for its group",
 )  # fmt: skip
 #: Whether the answering node is ready.
-READY = Route(
-    "GET", "/v1/ready", None, None, None, None, 1024, "exchange",
-    served_by="any",
-)  # fmt: skip
+READY = Route("GET", "/v1/ready", None, served_by="any")
 #: The master's "re-join now" to a worker (204).
 POKE = Route(
-    "POST", "/v1/poke", "handle_poke", wire.parse_poke, None, None, 1024, "caller",
-    served_by="worker",
-)  # fmt: skip
+    "POST", "/v1/poke", "handle_poke", wire.parse_poke, deadline="caller", served_by="worker"
+)
 #: A node's checks of one generation, a long-poll: the verdict once it differs from the one seen.
 REPORT = Route(
     "POST", "/v1/report", "handle_report", wire.parse_report, wire.encode_verdict,
