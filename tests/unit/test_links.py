@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint import wire
 from rallypoint.core import links
 from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
 from rallypoint.net import tcpinfo
+from rallypoint.wire.links import MAX_LINKS, link_json, links_from
 
 HOSTS = tuple(f"n{r}" for r in range(16))
 
@@ -110,7 +110,7 @@ def test_measurements_naming_unknown_ranks_are_ignored() -> None:
 
 def test_links_round_trip_through_their_json() -> None:
     original = (LinkStat(3, 1234.5, 99.25, 0.01, None, 0.25, 4096, False),)
-    assert wire.links_from([x.as_json() for x in original], "report") == original
+    assert links_from([link_json(x) for x in original], "report") == original
 
 
 @pytest.mark.parametrize(
@@ -130,12 +130,12 @@ def test_links_round_trip_through_their_json() -> None:
 )
 def test_bad_links_from_a_peer_name_the_field(item: object, field: str) -> None:
     with pytest.raises(PeerMessageError, match=re.escape(field)):
-        wire.links_from([item], "report")
+        links_from([item], "report")
 
 
 def test_too_many_links_are_refused() -> None:
     with pytest.raises(PeerMessageError, match="at most"):
-        wire.links_from([link(1).as_json()] * (wire.MAX_LINKS + 1), "report")
+        links_from([link_json(link(1))] * (MAX_LINKS + 1), "report")
 
 
 def test_tcp_info_fields_are_read_at_their_offsets_and_missing_ones_are_none() -> None:

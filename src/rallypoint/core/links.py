@@ -6,6 +6,7 @@ over rank order plus a second ring with a stride of about sqrt(N) (all pairs up 
 ALL_PAIRS_MAX nodes): 2N links at most, so the cost grows linearly with N, and every node
 is an end of at least four links (two up to ALL_PAIRS_MAX), so a bad node shows as a node
 whose every link is bad while a bad link shows alone (docs/readiness.md, "Data path").
+A link's wire form is wire/links.py's.
 """
 
 from __future__ import annotations
@@ -40,18 +41,6 @@ class LinkStat(msgspec.Struct, frozen=True):
     #: Bytes moved each way; less than asked when the transfer ran out of time.
     bytes: int = 0
     complete: bool = True
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "peer": self.peer,
-            "up_mbps": round(self.up_mbps, 3),
-            "down_mbps": round(self.down_mbps, 3),
-            "up_retrans": None if self.up_retrans is None else round(self.up_retrans, 5),
-            "down_retrans": None if self.down_retrans is None else round(self.down_retrans, 5),
-            "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
-            "bytes": self.bytes,
-            "complete": self.complete,
-        }
 
 
 def stride(nnodes: int) -> int:

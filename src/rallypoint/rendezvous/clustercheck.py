@@ -27,6 +27,7 @@ from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.rendezvous.race import unless_set
 from rallypoint.rendezvous.verdict import stale_generation
 from rallypoint.settings import Settings
+from rallypoint.wire.links import link_json
 
 log = logging.getLogger("rallypoint.rendezvous")
 
@@ -262,7 +263,7 @@ class GenerationCheck:
             },
             "report_problem": None if self.problem is None else self.problem.as_json(),
             "links": [
-                {"host": self.spec.hosts[link.peer], **link.as_json()}
+                {"host": self.spec.hosts[link.peer], **link_json(link)}
                 for link in self.links
                 if link.peer < self.spec.nnodes
             ],

@@ -20,6 +20,7 @@ from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.waits import wait_until
+from rallypoint.wire.links import link_json
 
 #: Failure codes a busy window excuses: the job already listens on that port (see excused).
 _WINDOW_CODES = {
@@ -289,7 +290,7 @@ class ClusterVerdict:
                     {
                         "from": hosts[rank],
                         "to": hosts[link.peer],
-                        **link.as_json(),
+                        **link_json(link),
                         "warnings": sorted(codes),
                     }
                 )

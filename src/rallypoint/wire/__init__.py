@@ -3,7 +3,8 @@
 Everything a peer sends is untrusted input. Each parser checks the size first, then the
 JSON shape, then every field, and returns a frozen value or raises PeerMessageError naming
 the field at fault; it never returns a half-validated value. The rules for single fields are
-in wire/fields.py; the cluster document, made of the members a join carries, in wire/cluster.py.
+in wire/fields.py; the cluster document, made of the members a join carries, in wire/cluster.py;
+a measured link's in wire/links.py.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from rallypoint.wire.fields import (
     host_name,
     integer,
     load,
-    number,
     reasons,
     session,
 )
+from rallypoint.wire.links import link_json, links_from
 from rallypoint.wire.stamps import (
     ClockFacts,
     ClockStamp,
@@ -212,7 +213,7 @@ def report_json(report: Report) -> dict[str, object]:
         "busy": sorted(report.busy),
         "net": {"ifname": report.net.ifname, "mtu": report.net.mtu, "rdma": report.net.rdma},
         "seen": report.seen,
-        "links": [link.as_json() for link in report.links],
+        "links": [link_json(link) for link in report.links],
     }
     if report.clock is not None:
         out["clock"] = facts_json(report.clock)
@@ -334,41 +335,3 @@ def member_from(data: Mapping[str, object], where: str) -> Member:
         if probe_port is None
         else integer(probe_port, f"{where}: probe_port", 1, 65535),
     )
-
-
-#: Links one report may carry (a node measures at most links.ALL_PAIRS_MAX - 1, or 2).
-MAX_LINKS = 64
-#: Largest rate accepted from a peer, Mbit/s (10 Tbit/s).
-MAX_MBPS = 1e7
-#: Longest round trip accepted, ms (an hour).
-MAX_RTT_MS = 3.6e6
-
-
-def links_from(data: object, where: str) -> tuple[LinkStat, ...]:
-    """Measured links from a peer's JSON list; PeerMessageError names the field at fault."""
-    if not isinstance(data, list) or len(data) > MAX_LINKS:
-        raise PeerMessageError(f"{where}: links must be a list of at most {MAX_LINKS}")
-    out = []
-    for index, item in enumerate(data):
-        at = f"{where}: links[{index}]"
-        if not isinstance(item, dict):
-            raise PeerMessageError(f"{at} is not an object")
-        out.append(
-            LinkStat(
-                peer=integer(item.get("peer"), f"{at}.peer", 0, MAX_NODES - 1),
-                up_mbps=number(item.get("up_mbps"), f"{at}.up_mbps", 0.0, MAX_MBPS),
-                down_mbps=number(item.get("down_mbps"), f"{at}.down_mbps", 0.0, MAX_MBPS),
-                up_retrans=_optional_number(item, "up_retrans", at, 1.0),
-                down_retrans=_optional_number(item, "down_retrans", at, 1.0),
-                rtt_ms=_optional_number(item, "rtt_ms", at, MAX_RTT_MS),
-                bytes=integer(item.get("bytes", 0), f"{at}.bytes", 0, 1 << 40),
-                complete=boolean(item.get("complete", True), f"{at}.complete"),
-            )
-        )
-    return tuple(out)
-
-
-def _optional_number(item: Mapping[str, object], key: str, at: str, high: float) -> float | None:
-    """``item[key]``: absent or null, else a number in 0..high."""
-    value = item.get(key)
-    return None if value is None else number(value, f"{at}.{key}", 0.0, high)
