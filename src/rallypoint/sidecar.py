@@ -152,7 +152,7 @@ class Sidecar(AsyncResource):
     def _expose(self, node: Rendezvous) -> None:
         """Show the node's mDNS section on /status and its reasons in the metrics."""
         node.status_sections["mdns"] = self._mdns_status
-        self.metrics.not_ready_codes = lambda: [reason.code for reason in node.reasons()]
+        self.metrics.not_ready_codes = lambda: [reason.code for reason in node.readiness.reasons()]
         self.metrics.link_warning_codes = lambda: (
             [] if node.book is None else [reason.code for reason in node.book.verdict.link_warnings]
         )

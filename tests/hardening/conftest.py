@@ -32,7 +32,8 @@ def _fresh_logs(logs: Records) -> None:
 def ready_node(loop_thread: LoopThread, logs: Records) -> Iterator[Node]:
     """A single-node session, ready: /env serves, GET /v1/cluster answers at once."""
     node = loop_thread.run(start_node(["node0"]))
-    assert loop_thread.run(node.sidecar.node.wait_ready(20)), node.sidecar.node.reasons()
+    readiness = node.sidecar.node.readiness
+    assert loop_thread.run(readiness.wait_ready(20)), readiness.reasons()
     yield node
     loop_thread.run(node.sidecar.stop())
 

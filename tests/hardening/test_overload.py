@@ -203,8 +203,9 @@ def test_two_thousand_concurrent_joins_are_all_served(
         statuses = asyncio.run(report_all())
         assert statuses.count(200) == JOINERS, {s: statuses.count(s) for s in set(statuses)}
         sidecar = node.sidecar
-        assert loop_thread.run(sidecar.node.wait_ready(60), 90), sidecar.node.reasons()
-        doc = sidecar.node.doc
+        readiness = sidecar.node.readiness
+        assert loop_thread.run(readiness.wait_ready(60), 90), readiness.reasons()
+        doc = sidecar.node.verification.doc
         assert doc is not None and len(doc.members) == JOINERS + 1
         reply = request(node.local_port, "GET", "/env")
         assert json.loads(reply.body)["NNODES"] == str(JOINERS + 1)

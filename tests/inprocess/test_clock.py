@@ -32,7 +32,7 @@ def ahead(seconds: float) -> Callable[[], float]:
 
 
 def clock_warnings(sidecar: Sidecar) -> list[str]:
-    return [w for w in sidecar.node.warnings() if "clock is" in w]
+    return [w for w in sidecar.node.readiness.warnings() if "clock is" in w]
 
 
 def cluster_clock(master: Sidecar) -> dict[str, object]:
@@ -74,7 +74,7 @@ async def test_a_worker_behind_is_named_as_behind() -> None:
 
 async def test_offsets_below_a_second_give_no_warning() -> None:
     async with ready_cluster(3, token="s3cret", clocks={1: ahead(0.4), 2: ahead(-0.4)}) as c:
-        assert [w for w in c.nodes[0].node.warnings() if "clock" in w] == []
+        assert [w for w in c.nodes[0].node.readiness.warnings() if "clock" in w] == []
         offsets = cluster_clock(c.nodes[0])
         assert offsets["node1"] == pytest.approx(0.4, abs=0.2)
         assert offsets["node2"] == pytest.approx(-0.4, abs=0.2)
@@ -124,7 +124,7 @@ async def test_the_master_names_a_node_whose_join_it_refused_as_stale() -> None:
             )
         assert data["reason"] == "stale" and data["skew_s"] == pytest.approx(-600, abs=1)
         assert data["clock"]["source"] == "master"
-        [reason] = [r for r in master.node.reasons() if r.code == "clock_skew"]
+        [reason] = [r for r in master.node.readiness.reasons() if r.code == "clock_skew"]
         assert reason.host == "node1" and reason.ranks == (1,)
         # Timestamps are whole seconds: 600 s behind reads as 600 or 601.
         assert re.match(r"node1 has not joined: its messages are 60[01] s behind", reason.message)
@@ -181,7 +181,7 @@ async def test_a_refusal_that_cannot_be_trusted_leaves_the_worker_clock_skew(
     ):
         worker = await c.start(1)
         await until(lambda: "clock_skew" in codes(worker))
-        [reason] = [r for r in worker.node.reasons() if r.code == "clock_skew"]
+        [reason] = [r for r in worker.node.readiness.reasons() if r.code == "clock_skew"]
         assert reason.host == "node0" and reason.detail == "+600.0"
         assert "the master node0 refused this node's messages as 600 s ahead of" in (reason.message)
         assert worker.node.offsets.count == 0  # nothing untrusted was adopted
@@ -205,14 +205,14 @@ async def test_a_join_answer_with_a_bad_clock_is_a_clear_error(clock: object, fi
     async with cluster(2) as c, fake_master(c.peer_ports["node0"], handler):
         worker = await c.start(1)
         await until(lambda: "master_answer_invalid" in codes(worker))
-        [reason] = [r for r in worker.node.reasons() if r.code == "master_answer_invalid"]
+        [reason] = [r for r in worker.node.readiness.reasons() if r.code == "master_answer_invalid"]
         assert f"join answer: {field}" in reason.message
         assert worker.node.offsets.count == 0
 
 
 async def test_an_absurd_clock_claim_in_a_report_is_refused_by_the_master() -> None:
     async with ready_cluster(2) as c:
-        doc = c.nodes[0].node.doc
+        doc = c.nodes[0].node.verification.doc
         assert doc is not None
         report = {
             "session": SESSION,
@@ -228,7 +228,7 @@ async def test_an_absurd_clock_claim_in_a_report_is_refused_by_the_master() -> N
         ):
             assert resp.status == 400
             assert "report: clock.offset_s" in (await resp.json())["error"]
-        assert c.nodes[0].node.ready  # the master carries on
+        assert c.nodes[0].node.readiness.ready  # the master carries on
 
 
 async def test_a_clock_that_steps_after_ready_is_measured_again() -> None:
@@ -238,7 +238,7 @@ async def test_a_clock_that_steps_after_ready_is_measured_again() -> None:
         assert worker.node.offsets.offset_s == pytest.approx(0, abs=0.5)
         step[0] = 600.0  # beyond the signatures' 30 s: its next long-poll is refused
         await until(lambda: abs(worker.node.offsets.offset_s - 600) < 1)
-        assert worker.node.ready and "clock_skew" not in codes(worker)
+        assert worker.node.readiness.ready and "clock_skew" not in codes(worker)
         # The master still answers it: the long-poll after the correction is accepted.
         polls = worker.metrics.value("rallypoint_auth_failures_total", reason="refused")
         await until(

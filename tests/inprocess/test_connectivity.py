@@ -17,8 +17,10 @@ import pytest
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.net import ports, probe
+from rallypoint.reasons import Reason
+from rallypoint.sidecar import Sidecar
 from tests.conftest import require
-from tests.support.cluster.inprocess import Cluster, all_ready, codes, moved_on, until
+from tests.support.cluster.inprocess import all_ready, codes, moved_on, until
 from tests.support.steered import FAST, Steered, closed_port, start_steered
 from tests.support.tcpstore import run_tcpstore, torch_available
 
@@ -59,10 +61,8 @@ async def stranger() -> AsyncIterator[tuple[str, int]]:
     server.close()
 
 
-def reasons_of(c: Cluster, code: str) -> dict[int, list[str]]:
-    return {
-        rank: [r.message for r in s.node.reasons() if r.code == code] for rank, s in c.nodes.items()
-    }
+def reason_of(sidecar: Sidecar, code: str) -> Reason:
+    return next(r for r in sidecar.node.readiness.reasons() if r.code == code)
 
 
 async def test_a_clean_cluster_probes_every_pair_and_closes_its_windows() -> None:
@@ -104,7 +104,7 @@ async def test_a_peer_is_probed_as_soon_as_its_name_passed() -> None:
             return metrics.value("rallypoint_probes_sent_total", kind=kind, cause="ok")
 
         await until(lambda: probed("master") >= 1 and probed("probe") >= 1)
-        assert not c.nodes[1].node.ready
+        assert not c.nodes[1].node.readiness.ready
         assert "verifying" in codes(c.nodes[1])
         c.resolvers[1].set("node2", node2)  # the next lookup (after the check's timeout) answers
         await all_ready(c)
@@ -133,8 +133,8 @@ async def test_the_master_announces_its_generation_once_its_own_checks_passed() 
         await until(
             lambda: "cluster_failed" in codes(c.nodes[2]) or "peer_unreachable" in codes(c.nodes[2])
         )
-        assert not any(s.node.ready for s in c.nodes.values())
-        assert announced[0] == announced[1] == [c.nodes[0].node.generation]
+        assert not any(s.node.readiness.ready for s in c.nodes.values())
+        assert announced[0] == announced[1] == [c.nodes[0].node.verification.generation]
         assert announced[2] == []
     finally:
         await c.close()
@@ -169,9 +169,8 @@ async def test_a_cut_pair_keeps_every_node_not_ready_until_repaired(
         # Every node names the pair: node1 -> node2, whichever node is asked.
         await until(lambda: all("peer_unreachable" in codes(s) for s in c.nodes.values()))
         for rank, sidecar in c.nodes.items():
-            node = sidecar.node
-            assert not node.ready
-            reason = next(r for r in node.reasons() if r.code == "peer_unreachable")
+            assert not sidecar.node.readiness.ready
+            reason = reason_of(sidecar, "peer_unreachable")
             assert reason.message.startswith("node1 cannot reach node2 (198.51.100.12) on tcp/")
             assert reason.detail == cause and reason.ranks == (1, 2) and reason.host == "node2"
             async with aiohttp.ClientSession() as http, http.get(c.local_url(rank, "/readyz")) as r:
@@ -199,7 +198,7 @@ async def test_the_master_port_answered_by_a_stranger_is_not_ready(
         c.route = route  # type: ignore[method-assign]
         await c.start(1)
         await until(lambda: "master_port_unreachable" in codes(c.nodes[0]))
-        reason = next(r for r in c.nodes[0].node.reasons() if r.code == "master_port_unreachable")
+        reason = reason_of(c.nodes[0], "master_port_unreachable")
         assert f"tcp/{master_port}" in reason.message and reason.detail == "foreign_answer"
         assert "not a probe answer" in reason.message
     finally:
@@ -232,7 +231,7 @@ async def test_a_busy_master_window_is_excused_when_the_job_already_listens() ->
             writer.close()  # a store that does not understand the probe hangs up
 
         job = await asyncio.start_server(hang_up, "0.0.0.0", held.port, reuse_address=True)
-        old = c.nodes[1].node.generation
+        old = c.nodes[1].node.verification.generation
         # node1 restarts with new facts (a new probe port): a new generation for everyone.
         await c.stop(1)
         c.route = c.route_for(1)  # type: ignore[method-assign]
@@ -386,7 +385,7 @@ async def test_the_jax_coordinator_port_is_probed_when_jax_is_served() -> None:
         c.route = route  # type: ignore[method-assign]
         await c.start(1)
         await until(lambda: "jax_port_unreachable" in codes(c.nodes[0]))
-        reason = next(r for r in c.nodes[0].node.reasons() if r.code == "jax_port_unreachable")
+        reason = reason_of(c.nodes[0], "jax_port_unreachable")
         assert f"tcp/{jax_port}" in reason.message and "JAX coordinator" in reason.message
         assert reason.detail == "refused" and reason.ranks == (1, 0)
         c.route = original  # type: ignore[method-assign]

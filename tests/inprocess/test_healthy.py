@@ -28,9 +28,9 @@ async def test_a_single_node_without_a_token_warns_of_nothing(
     settings = fast_settings(local_port=free_port(), peer_port=free_port())
     async with Sidecar(settings, {}) as sidecar:  # no cluster variables: the single provider
         node = sidecar.node
-        assert await node.wait_ready(20)
+        assert await node.readiness.wait_ready(20)
         assert node.spec.provider == "single"
-        assert node.warnings() == []
+        assert node.readiness.warnings() == []
         doc = node.status()
         assert doc["warnings"] == []
         (own,) = doc["peers"]  # type: ignore[misc]
@@ -47,11 +47,11 @@ async def test_a_single_node_without_a_token_warns_of_nothing(
 async def test_a_healthy_three_node_cluster_warns_of_nothing() -> None:
     async with ready_cluster(3, token="healthy-secret", per_node=NO_LINK_NOISE) as cluster:
         for rank, sidecar in cluster.nodes.items():
-            assert sidecar.node.warnings() == [], rank
+            assert sidecar.node.readiness.warnings() == [], rank
             assert sidecar.node.status()["warnings"] == [], rank
 
 
 async def test_a_cluster_without_a_token_is_told_so_on_every_node() -> None:
     async with ready_cluster(3, per_node=NO_LINK_NOISE) as cluster:
         for rank, sidecar in cluster.nodes.items():
-            assert sidecar.node.warnings() == [AUTH_WARNING], rank
+            assert sidecar.node.readiness.warnings() == [AUTH_WARNING], rank

@@ -42,7 +42,7 @@ async def test_hostfile_lists_every_node_in_rank_order_once_ready(
     assert resp.status == 200
     text = (await checked(resp, "GET", "/hostfile")).decode()
     assert text == "node0 slots=4\nnode1 slots=4\n"
-    assert resp.headers["X-Rallypoint-Generation"] == node.generation
+    assert resp.headers["X-Rallypoint-Generation"] == node.verification.generation
 
 
 async def test_a_word_for_the_process_count_gives_no_hostfile(aiohttp_client: Client) -> None:
@@ -68,7 +68,7 @@ async def test_a_word_for_the_process_count_gives_no_hostfile(aiohttp_client: Cl
         async with node:
             await aiohttp_client(peer_app(node))
             local = await aiohttp_client(local_app(node))
-            assert await node.wait_ready(20)
+            assert await node.readiness.wait_ready(20)
             env = json.loads(await checked(await local.get("/env"), "GET", "/env"))
             assert env["PET_NPROC_PER_NODE"] == "gpu"
             resp = await local.get("/hostfile")

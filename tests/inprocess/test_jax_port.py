@@ -51,7 +51,7 @@ async def test_the_master_holds_the_coordinator_port_and_every_node_serves_it() 
         master_port = held["master"]["port"]  # type: ignore[index]
         assert master_port != wanted
         for rank in range(3):
-            env = c.nodes[rank].node.env
+            env = c.nodes[rank].node.readiness.env
             assert env is not None
             assert env.get("JAX_COORDINATOR_ADDRESS") == f"node0:{wanted}"
             assert env.get("JAX_NUM_PROCESSES") == "3"
@@ -71,7 +71,7 @@ async def test_a_taken_preferred_coordinator_port_is_skipped() -> None:
             await all_ready(c)
             port = c.nodes[0].node.status()["ports"]["jax"]  # type: ignore[index]
             assert port["port"] != taken and port["skipped"][0]["port"] == taken
-            env = c.nodes[1].node.env
+            env = c.nodes[1].node.readiness.env
             assert env is not None
             assert env.get("JAX_COORDINATOR_ADDRESS") == f"node0:{port['port']}"
 

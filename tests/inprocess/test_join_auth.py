@@ -63,7 +63,7 @@ async def test_a_worker_with_the_wrong_token_is_not_ready() -> None:
     async with cluster(2, token="s3cret", per_node={1: {"token": "other"}}) as c:
         await start_all(c)
         await until(lambda: "auth_failed" in codes(c.nodes[1]))
-        assert not c.nodes[0].node.ready
+        assert not c.nodes[0].node.readiness.ready
         assert c.nodes[0].metrics.value("rallypoint_auth_failures_total", reason="bad_signature")
 
 

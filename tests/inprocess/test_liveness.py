@@ -43,7 +43,7 @@ def per_node(n: int, **extra: object) -> dict[int, dict[str, object]]:
 
 async def test_a_dead_worker_is_named_everywhere_and_cleared_when_back() -> None:
     async with ready_cluster(4, token=TOKEN, per_node=per_node(4)) as c:
-        before = {r: s.node.env for r, s in c.nodes.items()}
+        before = {r: s.node.readiness.env for r, s in c.nodes.items()}
         await c.stop(2)
         await until(lambda: named_everywhere(c, "node2", but=2))
         master = down(c.nodes[0])["node2"]
@@ -54,9 +54,9 @@ async def test_a_dead_worker_is_named_everywhere_and_cleared_when_back() -> None
         assert relayed["seen_by"] == "node0" and relayed["cause"] == "refused"
         # The env stays served and the nodes stay ready: the job owns what happens next.
         for rank in (0, 1, 3):
-            node = c.nodes[rank].node
-            assert node.ready and node.env == before[rank]
-            assert any("node2 (rank 2) is down" in w for w in node.warnings())
+            readiness = c.nodes[rank].node.readiness
+            assert readiness.ready and readiness.env == before[rank]
+            assert any("node2 (rank 2) is down" in w for w in readiness.warnings())
             metrics = c.nodes[rank].metrics
             assert metrics.value("rallypoint_peer_up", peer="node2") == 0
             assert metrics.value("rallypoint_peer_up", peer="node1" if rank != 1 else "node0") == 1
@@ -65,7 +65,7 @@ async def test_a_dead_worker_is_named_everywhere_and_cleared_when_back() -> None
         await all_ready(c)
         await until(lambda: nobody_down(c))
         assert c.nodes[0].metrics.value("rallypoint_peer_up", peer="node2") == 1
-        assert not any("is down" in w for w in c.nodes[1].node.warnings())
+        assert not any("is down" in w for w in c.nodes[1].node.readiness.warnings())
 
 
 async def test_a_dead_master_is_named_by_every_worker_itself() -> None:
@@ -122,7 +122,7 @@ async def test_bad_keepalives_are_refused_with_one_line() -> None:
                     assert resp.status in (400, 409), (body, resp.status, answer)
                     assert answer["code"] == code, answer
                     assert "\n" not in answer["error"]
-        assert c.nodes[0].node.ready
+        assert c.nodes[0].node.readiness.ready
 
 
 async def test_a_keepalive_is_answered_as_documented_with_who_is_down() -> None:

@@ -44,11 +44,18 @@ class FakeView:
 
 
 @dataclass
+class FakeVerification:
+    """The node's verification as the loop reads it: the current document's generation."""
+
+    generation: str | None = None
+
+
+@dataclass
 class FakeNode:
     """A Rendezvous stand-in that records what the loop told it."""
 
     spec: ClusterSpec
-    generation: str | None = None
+    verification: FakeVerification | None = None
     addresses: tuple[str, ...] = ("10.0.0.9",)
     reasons: list[Reason] = field(default_factory=list)
     failed: list[Reason] = field(default_factory=list)
@@ -140,14 +147,15 @@ async def test_ports_that_cannot_be_held_fail_the_node() -> None:
 
 
 async def test_a_master_returns_after_announcing() -> None:
-    view, node = FakeView("a"), FakeNode(known(0), generation="g1")
+    view, node = FakeView("a"), FakeNode(known(0), verification=FakeVerification("g1"))
     loop = DiscoveryLoop(view, node, asyncio.Event(), Metrics())
     await asyncio.wait_for(loop.run(["10.0.0.9"], no_ports), WAIT_S)
     assert view.announced == [(0, "g1", ("10.0.0.9",))]
 
 
 async def test_a_worker_wakes_once_per_master_change() -> None:
-    view, node, changed = FakeView("b"), FakeNode(known(1), generation="g1"), asyncio.Event()
+    view, changed = FakeView("b"), asyncio.Event()
+    node = FakeNode(known(1), verification=FakeVerification("g1"))
     metrics = Metrics()
     loop = DiscoveryLoop(view, node, changed, metrics)
     task = asyncio.create_task(loop.run([], no_ports))
@@ -175,7 +183,7 @@ async def test_a_worker_wakes_once_per_master_change() -> None:
 
 
 async def test_a_new_generation_is_announced_with_the_rank_and_addresses_of_now() -> None:
-    view, node = FakeView("a"), FakeNode(known(0), generation="g1")
+    view, node = FakeView("a"), FakeNode(known(0), verification=FakeVerification("g1"))
     loop = DiscoveryLoop(view, node, asyncio.Event(), Metrics())
     announcing = loop.announce_generation(ClusterDoc("s", "g2", "a", 29500, ()))
     node.addresses = ("10.0.0.10",)
@@ -184,7 +192,8 @@ async def test_a_new_generation_is_announced_with_the_rank_and_addresses_of_now(
 
 
 async def test_announce_failures_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
-    view, node = FakeView("a", fail_announce=True), FakeNode(known(0), generation="g1")
+    view = FakeView("a", fail_announce=True)
+    node = FakeNode(known(0), verification=FakeVerification("g1"))
     loop = DiscoveryLoop(view, node, asyncio.Event(), Metrics())
     await loop.announce(0, "g1", [])
     assert view.announced == []

@@ -26,10 +26,10 @@ async def test_it_serves_the_exposition_and_nothing_else() -> None:
         metrics_port=port, metrics_host="127.0.0.1",
     )  # fmt: skip
     async with Sidecar(settings, {}) as sidecar:
-        assert await sidecar.node.wait_ready(20)
+        assert await sidecar.node.readiness.wait_ready(20)
         assert sidecar.listeners is not None
         assert sidecar.listeners.metrics_bound == [("127.0.0.1", port)]
-        env = sidecar.node.env
+        env = sidecar.node.readiness.env
         assert env is not None
         base = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as http:

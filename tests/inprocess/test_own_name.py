@@ -31,10 +31,10 @@ async def test_own_name_on_loopback_names_the_address_and_the_remedies() -> None
         c.resolvers[2].set("node2", ["127.0.1.1"])
         await start_all(c)
         await until(lambda: "self_loopback" in codes(c.nodes[2]))
-        reason = next(r for r in c.nodes[2].node.reasons() if r.code == "self_loopback")
+        reason = next(r for r in c.nodes[2].node.readiness.reasons() if r.code == "self_loopback")
         for needle in ("node2", "127.0.1.1", "/etc/hosts", "--no-emit-ifname", "docs/loopback.md"):
             assert needle in reason.message, reason.message
-        assert c.nodes[2].node.env is None
+        assert c.nodes[2].node.readiness.env is None
 
 
 @pytest.mark.parametrize("emit", [None, True], ids=["default", "emit-ifname"])
@@ -49,17 +49,20 @@ async def test_own_name_on_loopback_with_served_ifname_depends_on_the_route(
         await start_all(c)
         if routed is None:  # no route to the documentation address on this host
             await until(lambda: "self_loopback" in codes(c.nodes[2]))
-            reason = next(r for r in c.nodes[2].node.reasons() if r.code == "self_loopback")
+            reason = next(
+                r for r in c.nodes[2].node.readiness.reasons() if r.code == "self_loopback"
+            )
             assert "no interface that routes to the master was found" in reason.message
             return
         await all_ready(c)
         node = c.nodes[2].node
-        assert node.env is not None and node.env.get("GLOO_SOCKET_IFNAME") == routed
-        assert node.env.get("NCCL_SOCKET_IFNAME") == (routed if emit else None)
-        warnings = node.warnings()
+        env = node.readiness.env
+        assert env is not None and env.get("GLOO_SOCKET_IFNAME") == routed
+        assert env.get("NCCL_SOCKET_IFNAME") == (routed if emit else None)
+        warnings = node.readiness.warnings()
         assert any("node2" in w and "127.0.1.1" in w and routed in w for w in warnings)
         assert node.status()["warnings"] == warnings
-        assert not any("loopback" in w for w in c.nodes[1].node.warnings())
+        assert not any("loopback" in w for w in c.nodes[1].node.readiness.warnings())
 
 
 @pytest.mark.parametrize("resolved", [0, 1], ids=["first-reported", "second-reported"])
@@ -78,7 +81,7 @@ async def test_the_route_served_is_the_one_to_the_masters_verified_address(
         c.resolvers[1].set("node0", [reported[resolved]])
         await start_all(c)
         await all_ready(c)
-        env = c.nodes[1].node.env
+        env = c.nodes[1].node.readiness.env
         assert env is not None and env.get("GLOO_SOCKET_IFNAME") == f"via-{reported[resolved]}"
 
 
@@ -154,6 +157,7 @@ async def test_a_user_gloo_socket_ifname_keeps_an_own_name_on_loopback_a_warning
         await sidecar.start()
         c.nodes[2] = sidecar
         await all_ready(c)
-        assert sidecar.node.env is not None
-        assert sidecar.node.env.get("GLOO_SOCKET_IFNAME") == "ib0"
-        assert any("127.0.1.1" in w and "ib0" in w for w in sidecar.node.warnings())
+        readiness = sidecar.node.readiness
+        assert readiness.env is not None
+        assert readiness.env.get("GLOO_SOCKET_IFNAME") == "ib0"
+        assert any("127.0.1.1" in w and "ib0" in w for w in readiness.warnings())

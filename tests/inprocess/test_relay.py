@@ -40,12 +40,13 @@ def batches(sidecar: Sidecar, route: str, result: str) -> float:
 
 
 def same_envs(c: Cluster) -> None:
-    envs = {r: s.node.env.as_dict() for r, s in c.nodes.items() if s.node.env is not None}
+    served = {r: s.node.readiness.env for r, s in c.nodes.items()}
+    envs = {r: env.as_dict() for r, env in served.items() if env is not None}
     assert sorted(envs) == list(range(N))
     clusters = {json.dumps(json.loads(e["TF_CONFIG"])["cluster"]) for e in envs.values()}
     assert len(clusters) == 1
     assert {e["MASTER_PORT"] for e in envs.values()} == {str(c.nodes[0].node.held["master"].port)}
-    assert len({s.node.generation for s in c.nodes.values()}) == 1
+    assert len({s.node.verification.generation for s in c.nodes.values()}) == 1
 
 
 async def test_a_relay_batches_its_group_for_the_master() -> None:
@@ -90,8 +91,8 @@ async def test_a_failure_in_the_group_reaches_every_node_through_the_relay() -> 
         await start_all(c)
         await until(lambda: all("resolve_failed" in codes(s) for s in c.nodes.values()))
         for rank, sidecar in c.nodes.items():
-            assert not sidecar.node.ready
-            reason = next(r for r in sidecar.node.reasons() if r.code == "resolve_failed")
+            assert not sidecar.node.readiness.ready
+            reason = next(r for r in sidecar.node.readiness.reasons() if r.code == "resolve_failed")
             assert reason.host == "node1"
             if rank != 5:
                 assert reason.message.startswith("node5 reports: "), reason.message

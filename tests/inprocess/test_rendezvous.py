@@ -39,7 +39,8 @@ from tests.support.settings import fast_settings
 
 async def test_three_nodes_agree_on_the_rendezvous() -> None:
     async with ready_cluster(3) as c:
-        envs = {r: s.node.env.as_dict() for r, s in c.nodes.items() if s.node.env}
+        served = {r: s.node.readiness.env for r, s in c.nodes.items()}
+        envs = {r: env.as_dict() for r, env in served.items() if env}
         master_port = c.nodes[0].node.held["master"].port
         for rank, env in envs.items():
             assert env["NODE_RANK"] == str(rank)
@@ -54,7 +55,7 @@ async def test_three_nodes_agree_on_the_rendezvous() -> None:
         workers = json.loads(next(iter(clusters)))["worker"]
         tf_ports = [c.nodes[r].node.held["tf"].port for r in range(3)]
         assert workers == [f"node{r}:{tf_ports[r]}" for r in range(3)]
-        generations = {s.node.generation for s in c.nodes.values()}
+        generations = {s.node.verification.generation for s in c.nodes.values()}
         assert len(generations) == 1 and None not in generations
 
 
@@ -75,8 +76,9 @@ async def test_names_on_127_addresses_with_one_peer_port() -> None:
             )
             await sidecar.start()
             sidecars.append(sidecar)
-        assert all(await asyncio.gather(*(s.node.wait_ready(20) for s in sidecars)))
-        assert {s.node.env.get("MASTER_ADDR") for s in sidecars if s.node.env} == {"a0"}
+        assert all(await asyncio.gather(*(s.node.readiness.wait_ready(20) for s in sidecars)))
+        served = [s.node.readiness.env for s in sidecars]
+        assert {env.get("MASTER_ADDR") for env in served if env} == {"a0"}
     finally:
         for sidecar in reversed(sidecars):
             await sidecar.stop()
@@ -107,9 +109,9 @@ async def test_resolution_failures_keep_the_cluster_not_ready(
         await start_all(c)
         await until(lambda: all(code in codes(s) for s in c.nodes.values()))
         for rank, sidecar in c.nodes.items():
-            node = sidecar.node
-            assert not node.ready
-            reason = next(r for r in node.reasons() if r.code == code)
+            readiness = sidecar.node.readiness
+            assert not readiness.ready
+            reason = next(r for r in readiness.reasons() if r.code == code)
             assert reason.host == next(iter(answers))
             if rank != 2:
                 assert reason.message.startswith("node2 reports: "), reason.message
@@ -132,7 +134,7 @@ async def test_peer_name_that_appears_late() -> None:
 async def test_master_restart_is_picked_up_by_workers() -> None:
     async with ready_cluster(3) as c:
         old = await restart(c, 0)
-        new = {s.node.generation for s in c.nodes.values()}
+        new = {s.node.verification.generation for s in c.nodes.values()}
         assert len(new) == 1 and old not in new
         for rank in (1, 2):
             metrics = c.nodes[rank].metrics
@@ -158,9 +160,9 @@ async def test_a_late_worker_joins_on_its_first_attempt() -> None:
         await c.start(0)
         await c.start(1)
         await until(lambda: c.nodes[0].node.peers[1].joined)
-        assert not c.nodes[0].node.ready
+        assert not c.nodes[0].node.readiness.ready
         assert codes(c.nodes[0]) == {"waiting_for_join"}
-        assert c.nodes[0].node.reasons()[0].ranks == (2,)
+        assert c.nodes[0].node.readiness.reasons()[0].ranks == (2,)
         await c.start(2)
         await all_ready(c)
         metrics = c.nodes[2].metrics
@@ -177,7 +179,7 @@ async def test_a_taken_preferred_port_is_skipped_and_reported() -> None:
             master = ports["master"]  # type: ignore[index]
             assert master["port"] != taken
             assert [s["port"] for s in master["skipped"]][:1] == [taken]
-            env = c.nodes[1].node.env
+            env = c.nodes[1].node.readiness.env
             assert env is not None and env.get("MASTER_PORT") == str(master["port"])
 
 
@@ -217,8 +219,9 @@ async def test_a_user_master_port_inside_the_ephemeral_range_is_honoured() -> No
     resolver = FakeResolver({"node0": ["127.0.0.1"]})
     async with Sidecar(settings, {"MASTER_PORT": str(wanted)}, resolver=resolver, spec=spec) as s:
         assert s.node.held["master"].port == wanted
-        assert await s.node.wait_ready(20)
-        assert s.node.env is not None and s.node.env.get("MASTER_PORT") == str(wanted)
+        assert await s.node.readiness.wait_ready(20)
+        env = s.node.readiness.env
+        assert env is not None and env.get("MASTER_PORT") == str(wanted)
 
 
 def unused_low_port() -> int:
@@ -246,7 +249,7 @@ async def test_a_generation_change_pokes_workers_out_of_their_backoff() -> None:
     """Worker 2 sleeps an hour after losing the master; only the master's poke wakes it."""
     slow = {"backoff_initial_s": 3600.0, "backoff_max_s": 3600.0}
     async with ready_cluster(3, per_node={2: slow}) as c:
-        old = c.nodes[0].node.generation
+        old = c.nodes[0].node.verification.generation
         # Worker 2 loses the master's name, is made to re-join, fails and sleeps.
         c.resolvers[2].remove("node0")
         await _poke(c, 2)
@@ -258,8 +261,15 @@ async def test_a_generation_change_pokes_workers_out_of_their_backoff() -> None:
         c.per_node[1] = {"tf_port": unused_low_port()}
         await c.start(1)
         master = c.nodes[0].node
-        await until(lambda: master.generation not in (None, old) and master.ready)
-        await until(lambda: node2.generation == master.generation and node2.ready)
+        await until(
+            lambda: master.verification.generation not in (None, old) and master.readiness.ready
+        )
+        await until(
+            lambda: (
+                node2.verification.generation == master.verification.generation
+                and node2.readiness.ready
+            )
+        )
         assert node2.readiness.master_problem is None
         assert c.nodes[0].metrics.value("rallypoint_pokes_sent_total", result="accepted") >= 2
 
@@ -272,9 +282,9 @@ async def test_a_name_fixed_after_the_deadline_turns_the_cluster_ready() -> None
         await start_all(c)
         master = c.nodes[0].node
         await until(lambda: {"resolve_failed", "deadline_exceeded"} <= codes(c.nodes[0]))
-        assert not master.ready
-        generation = master.generation
+        assert not master.readiness.ready
+        generation = master.verification.generation
         c.resolvers[0].set("node2", [address(2)])
         await _poke(c, 2)  # node2 re-joins with the same facts: no new generation
-        await until(lambda: master.ready)
-        assert master.generation == generation
+        await until(lambda: master.readiness.ready)
+        assert master.verification.generation == generation

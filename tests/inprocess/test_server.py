@@ -46,11 +46,11 @@ async def test_env_when_ready(
     node = await make_node()
     await aiohttp_client(peer_app(node))
     local = await aiohttp_client(local_app(node))
-    assert await node.wait_ready(20)
+    assert await node.readiness.wait_ready(20)
     resp = await local.get("/env", params={"format": fmt})
     assert resp.status == 200
     body = (await checked(resp, "GET", "/env")).decode()
-    assert resp.headers["X-Rallypoint-Generation"] == node.generation
+    assert resp.headers["X-Rallypoint-Generation"] == node.verification.generation
     master_port = str(node.held["master"].port)
     expected = {
         "json": f'"MASTER_PORT": "{master_port}"',
@@ -124,7 +124,7 @@ async def test_livez_status_and_metrics(
     node = await make_node()
     await aiohttp_client(peer_app(node))
     local = await aiohttp_client(local_app(node))
-    assert await node.wait_ready(20)
+    assert await node.readiness.wait_ready(20)
     resp = await local.get("/livez")
     assert await checked(resp, "GET", "/livez") == b"ok\n"
     resp = await local.get("/status")
@@ -152,7 +152,10 @@ async def test_peer_ready_cluster_and_poke(
     await checked(resp, "POST", "/v1/join")
     resp = await peer.get("/v1/cluster")
     doc = cluster.parse_cluster_doc(await checked(resp, "GET", "/v1/cluster"))
-    assert doc.generation == node.generation and doc.master_port == node.held["master"].port
+    assert (
+        doc.generation == node.verification.generation
+        and doc.master_port == node.held["master"].port
+    )
     resp = await peer.get("/v1/cluster", params={"after": doc.generation})
     assert resp.status == 204
     poke = wire.encode_poke(wire.Poke(SESSION, "abc"))
@@ -249,7 +252,7 @@ async def test_local_api_is_not_reachable_on_other_addresses() -> None:
     spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
     resolver = FakeResolver({"node0": ["127.0.0.1"]})
     async with Sidecar(settings, {}, resolver=resolver, spec=spec, addresses=[]) as sidecar:
-        assert await sidecar.node.wait_ready(20)
+        assert await sidecar.node.readiness.wait_ready(20)
         assert sidecar.listeners is not None
         assert ("127.0.0.1", local_port) in sidecar.listeners.local_bound
         _, writer = await asyncio.open_connection("127.0.0.1", local_port)
@@ -295,7 +298,7 @@ async def test_job_routes_answer_as_documented(
     node = await make_node()
     await aiohttp_client(peer_app(node))
     local = await aiohttp_client(local_app(node))
-    assert await node.wait_ready(20)
+    assert await node.readiness.wait_ready(20)
     resp = await local.get("/job")
     view = json.loads(await checked(resp, "GET", "/job"))
     assert view["own"]["state"] == "waiting" and view["first"] is None and view["stop"] is False

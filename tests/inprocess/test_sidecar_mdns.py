@@ -137,7 +137,7 @@ async def test_discovery_serves_the_local_api_from_the_start_and_converges(
         return [a["host"] for a in first.node.status()["mdns"]["seen"]]  # type: ignore[index]
 
     await until(lambda: seen() == ["mike"], "the node's own announcement")
-    await until(lambda: first.node.reasons()[0].detail == "1/3", "the discovery count")
+    await until(lambda: first.node.readiness.reasons()[0].detail == "1/3", "the discovery count")
 
     # Another session announcing on the same LAN is ignored, not counted as a node.
     other = Mdns(
@@ -148,14 +148,17 @@ async def test_discovery_serves_the_local_api_from_the_start_and_converges(
         await cluster.start("zulu", 3)
         await cluster.start("alpha", 3)
         sidecars = cluster.sidecars
-        results = await asyncio.gather(*(s.node.wait_ready(WAIT_S) for s in sidecars.values()))
+        results = await asyncio.gather(
+            *(s.node.readiness.wait_ready(WAIT_S) for s in sidecars.values())
+        )
         assert all(results), {h: s.node.status()["reasons"] for h, s in sidecars.items()}
         await until(
             lambda: first.metrics.value("rallypoint_mdns_rejected_total", reason="session") > 0,
             "the other session's rejection",
         )
 
-    envs = {host: s.node.env.as_dict() for host, s in sidecars.items() if s.node.env}
+    served = {host: s.node.readiness.env for host, s in sidecars.items()}
+    envs = {host: env.as_dict() for host, env in served.items() if env}
     assert {env["MASTER_ADDR"] for env in envs.values()} == {"alpha"}
     master_port = sidecars["alpha"].node.held["master"].port
     assert {env["MASTER_PORT"] for env in envs.values()} == {str(master_port)}
@@ -181,9 +184,9 @@ async def test_more_announcers_than_nnodes_is_a_clear_reason(
             await mdns.announce(rank=-1, generation="", addresses=[address(host)])
         alpha = await cluster.start("alpha", 2)
         await until(
-            lambda: [r.code for r in alpha.node.reasons()][:1] == ["discovery_conflict"],
+            lambda: [r.code for r in alpha.node.readiness.reasons()][:1] == ["discovery_conflict"],
             "the conflict reason",
-            lambda: (alpha.node.reasons(), alpha.node.status().get("mdns")),
+            lambda: (alpha.node.readiness.reasons(), alpha.node.status().get("mdns")),
         )
         status, text = await cluster.get("alpha", "/readyz")
         assert status == 503

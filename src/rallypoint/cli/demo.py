@@ -84,15 +84,16 @@ async def run(nodes: int, settings: Settings) -> list[tuple[int, Env, float]]:
             taken.update(sidecar.held_ports)
             sidecars.append(sidecar)
         ready = await asyncio.gather(
-            *(sidecar.node.wait_ready(settings.deadline_s) for sidecar in sidecars)
+            *(sidecar.node.readiness.wait_ready(settings.deadline_s) for sidecar in sidecars)
         )
         results: list[tuple[int, Env, float]] = []
         for sidecar, ok in zip(sidecars, ready, strict=True):
             node = sidecar.node
-            if not ok or node.env is None:
-                codes = ", ".join(f"{r.code}: {r.message}" for r in node.reasons())
+            env = node.readiness.env
+            if not ok or env is None:
+                codes = ", ".join(f"{r.code}: {r.message}" for r in node.readiness.reasons())
                 raise RendezvousTimeout(
                     f"demo node {node.spec.host} not ready within {settings.deadline_s:g}s: {codes}"
                 )
-            results.append((node.spec.rank, node.env, node.readiness.ready_after_s or 0.0))
+            results.append((node.spec.rank, env, node.readiness.ready_after_s or 0.0))
         return results

@@ -40,6 +40,13 @@ class View(Protocol):
     async def announce(self, *, rank: int, generation: str, addresses: Sequence[str]) -> None: ...
 
 
+class Documents(Protocol):
+    """What the loop reads of the node's verification: the current document's generation."""
+
+    @property
+    def generation(self) -> str | None: ...
+
+
 class Node(Protocol):
     """What the loop needs of the rendezvous: the spec, readiness reasons and a wake-up."""
 
@@ -50,7 +57,7 @@ class Node(Protocol):
     def spec_known(self) -> bool: ...
 
     @property
-    def generation(self) -> str | None: ...
+    def verification(self) -> Documents | None: ...
 
     @property
     def addresses(self) -> Sequence[str]: ...
@@ -99,7 +106,7 @@ class DiscoveryLoop:
                 node.fail(Reason("port_unavailable", str(exc), host=spec.host))
                 return
             node.adopt(spec, held)
-        await self.announce(node.spec.rank, node.generation or "", addresses)
+        await self.announce(node.spec.rank, _generation(node) or "", addresses)
         if node.spec.is_master:
             return
         while True:
@@ -154,7 +161,7 @@ class DiscoveryLoop:
                 return
             self._master_seen = seen
             # An empty generation is a master without a document yet: it just started.
-            if announcement.generation and announcement.generation == node.generation:
+            if announcement.generation and announcement.generation == _generation(node):
                 return
             log.info("mdns_master_changed", extra={"generation": announcement.generation or "-"})
             self._metrics.mdns_wakeups.inc()
@@ -171,3 +178,8 @@ class DiscoveryLoop:
             await self._mdns.announce(rank=rank, generation=generation, addresses=addresses)
         except Exception as exc:
             log.warning("mdns_announce_failed", extra={"error": repr(exc)})
+
+
+def _generation(node: Node) -> str | None:
+    """The generation of the node's current cluster document, None before one."""
+    return None if node.verification is None else node.verification.generation

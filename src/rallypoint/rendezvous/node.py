@@ -26,7 +26,7 @@ from rallypoint.core import fanout, liveness
 from rallypoint.core.clock import ClockEstimate, with_facts
 from rallypoint.core.lifecycle import AsyncResource
 from rallypoint.metrics import Metrics
-from rallypoint.model import ClusterDoc, ClusterSpec, Env, Member, OverrideSource
+from rallypoint.model import ClusterDoc, ClusterSpec, Member, OverrideSource
 from rallypoint.net import probe
 from rallypoint.net.peerhttp import PeerClient, PeerEndpoint
 from rallypoint.net.ports import HeldPort
@@ -294,7 +294,14 @@ class Rendezvous(AsyncResource):
                 await self.master.run(self._own_member())
             else:
                 ctx, own = self._context(), self._own_member()
-                await run_worker(self, ctx, own, poked=self.poked, relay=self.relay)
+                await run_worker(
+                    self,
+                    ctx,
+                    own,
+                    documents=self._verification(),
+                    poked=self.poked,
+                    relay=self.relay,
+                )
         finally:
             await cancel_quietly(keeping)
 
@@ -316,49 +323,11 @@ class Rendezvous(AsyncResource):
             probe_port=None if probe_port is None or not self.settings.probe else probe_port.port,
         )
 
-    # -- readiness, under the names the APIs and the demo have always used ------------------
-
-    @property
-    def ready(self) -> bool:
-        return self.readiness.ready
-
-    @property
-    def env(self) -> Env | None:
-        return self.readiness.env
-
-    def reasons(self) -> list[Reason]:
-        """Why the node is not ready (empty when ready)."""
-        return self.readiness.reasons()
-
-    def warnings(self) -> list[str]:
-        return self.readiness.warnings()
-
-    async def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until ready, shutting down or ``timeout_s`` passed; whether the node is ready."""
-        return await self.readiness.wait_ready(timeout_s)
-
-    def not_ready(self, *reasons: Reason) -> None:
-        """Turn (or stay) not ready for ``reasons``; ignored once shutting down."""
-        self.readiness.not_ready(*reasons)
-
-    @property
-    def doc(self) -> ClusterDoc | None:
-        return None if self.verification is None else self.verification.doc
-
-    @property
-    def generation(self) -> str | None:
-        doc = self.doc
-        return None if doc is None else doc.generation
-
     def accept(self, doc: ClusterDoc) -> None:
         """Act on the master's new cluster document: not ready until it is verified."""
         self._verification().accept(doc)
         if self.relay is not None:
             self.relay.publish(doc)
-
-    def lose_generation(self, reason: Reason) -> None:
-        """Drop the current document (the master restarted) and restart the deadline."""
-        self._verification().lose_generation(reason)
 
     def status(self) -> dict[str, object]:
         """The whole picture for /status."""

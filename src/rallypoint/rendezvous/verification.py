@@ -70,6 +70,11 @@ class Verification:
         #: The generation the on_generation callbacks last ran for.
         self._announced: str | None = None
 
+    @property
+    def generation(self) -> str | None:
+        """The current document's generation, None without one."""
+        return None if self.doc is None else self.doc.generation
+
     async def close(self) -> None:
         """Cancel the verification in flight; closing twice is safe."""
         task = self._verify_task

@@ -42,14 +42,18 @@ class _Rejoin(Exception):
 
 
 class WorkerNode(Protocol):
-    """What the join loop reports to and reads from the node it runs for (the Rendezvous)."""
+    """What the join loop reports to the node it runs for (the Rendezvous)."""
 
     master_target: tuple[str, int] | None
 
+    def accept(self, doc: ClusterDoc) -> None: ...
+
+
+class Documents(Protocol):
+    """The node's current document as the join loop reads and drops it (the verification)."""
+
     @property
     def doc(self) -> ClusterDoc | None: ...
-
-    def accept(self, doc: ClusterDoc) -> None: ...
 
     def lose_generation(self, reason: Reason) -> None: ...
 
@@ -62,11 +66,13 @@ class Worker:
         node: WorkerNode,
         ctx: NodeContext,
         *,
+        documents: Documents,
         poked: asyncio.Event,
         on_joined: Callable[[tuple[str, int], wire.JoinAnswer], None] | None = None,
     ) -> None:
         self.node = node
         self.ctx = ctx
+        self.documents = documents
         self._poked = poked
         #: Told of every accepted join of the master (a relay sends its batches there).
         self._on_joined = on_joined
@@ -106,7 +112,7 @@ class Worker:
                 log.warning(
                     "master_restarted", extra={"old_epoch": epoch, "new_epoch": answer.epoch}
                 )
-                self.node.lose_generation(
+                self.documents.lose_generation(
                     Reason(
                         "generation_changed",
                         f"the master {master} restarted; waiting for its new cluster document",
@@ -114,9 +120,9 @@ class Worker:
                     )
                 )
             epoch = answer.epoch
-            if self.node.doc is None and self._refused is not None:
+            if self.documents.doc is None and self._refused is not None:
                 self.ctx.readiness.not_ready(self._refused)
-            elif self.node.doc is None:
+            elif self.documents.doc is None:
                 self.ctx.readiness.not_ready(
                     Reason(
                         "waiting_for_cluster",
@@ -295,13 +301,18 @@ class Worker:
 
 
 async def run_worker(
-    node: WorkerNode, ctx: NodeContext, own: Member, *, poked: asyncio.Event, relay: Relay | None
+    node: WorkerNode,
+    ctx: NodeContext,
+    own: Member,
+    *,
+    documents: Documents,
+    poked: asyncio.Event,
+    relay: Relay | None,
 ) -> None:
     """Join as ``own`` and follow the master until cancelled; beside it, serve ``relay``'s
     group when this node relays for one (it sends its batches where the join was accepted)."""
-    worker = Worker(
-        node, ctx, poked=poked, on_joined=None if relay is None else relay.upstream_joined
-    )
+    on_joined = None if relay is None else relay.upstream_joined
+    worker = Worker(node, ctx, documents=documents, poked=poked, on_joined=on_joined)
     if relay is None:
         await worker.run(own)
         return

@@ -70,16 +70,21 @@ def _wait_s(params: dict[str, str]) -> float | web.Response:
 
 async def _ready_env(request: web.Request, params: dict[str, str]) -> Env | web.Response:
     """The env to serve once ?wait= is honoured, or the answer: 400 bad wait, 503 not ready."""
-    node = request.app[NODE]
+    readiness = request.app[NODE].readiness
     if "wait" in params:
         wait_s = _wait_s(params)
         if isinstance(wait_s, web.Response):
             return wait_s
-        await node.wait_ready(wait_s)
-    env = node.env
-    if not node.ready or env is None:
-        return _not_ready(node.reasons())
+        await readiness.wait_ready(wait_s)
+    env = readiness.env
+    if not readiness.ready or env is None:
+        return _not_ready(readiness.reasons())
     return env
+
+
+def _generation(node: Rendezvous) -> str:
+    """The X-Rallypoint-Generation header: the current document's generation, "" before one."""
+    return "" if node.verification is None else node.verification.generation or ""
 
 
 async def _env(request: web.Request) -> web.Response:
@@ -93,7 +98,7 @@ async def _env(request: web.Request) -> web.Response:
     if isinstance(env, web.Response):
         return env
     headers = dict(_ENV_HEADERS[fmt])
-    headers["X-Rallypoint-Generation"] = node.generation or ""
+    headers["X-Rallypoint-Generation"] = _generation(node)
     # Rendered once per (env, format): json's indent=2 takes the pure-Python encoder.
     return web.Response(body=render.render_bytes(env.values, fmt), headers=headers)
 
@@ -111,15 +116,15 @@ async def _hostfile(request: web.Request) -> web.Response:
     except HostfileError as exc:
         return error_response(409, str(exc), "no_hostfile")
     headers = dict(_ENV_HEADERS["sh"])
-    headers["X-Rallypoint-Generation"] = node.generation or ""
+    headers["X-Rallypoint-Generation"] = _generation(node)
     return web.Response(body=text.encode(), headers=headers)
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    if node.ready:
+    readiness = request.app[NODE].readiness
+    if readiness.ready:
         return web.Response(text="ready\n", headers=NO_STORE)
-    reasons = node.reasons()
+    reasons = readiness.reasons()
     first = reasons[0] if reasons else Reason("starting", "the sidecar is starting")
     more = f" (+{len(reasons) - 1} more, see /status)" if len(reasons) > 1 else ""
     return web.Response(

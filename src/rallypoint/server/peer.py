@@ -157,7 +157,7 @@ async def _cluster(request: web.Request) -> web.Response:
 async def _ready(request: web.Request) -> web.Response:
     node = request.app[NODE]
     node.auth.verify(routes.READY.context, b"", request.headers)
-    return web.json_response({"ready": node.ready}, headers=NO_STORE)
+    return web.json_response({"ready": node.readiness.ready}, headers=NO_STORE)
 
 
 async def _mesh(request: web.Request) -> web.Response:

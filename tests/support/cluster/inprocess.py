@@ -121,9 +121,11 @@ async def start_all(c: Cluster) -> None:
 
 
 async def all_ready(c: Cluster, timeout_s: float = 20.0) -> None:
-    results = await asyncio.gather(*(s.node.wait_ready(timeout_s) for s in c.nodes.values()))
+    results = await asyncio.gather(
+        *(s.node.readiness.wait_ready(timeout_s) for s in c.nodes.values())
+    )
     not_ready = {
-        r: [x.as_json() for x in s.node.reasons()]
+        r: [x.as_json() for x in s.node.readiness.reasons()]
         for (r, s), ok in zip(c.nodes.items(), results, strict=True)
         if not ok
     }
@@ -141,14 +143,16 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
 
 async def moved_on(c: Cluster, old: str | None) -> None:
     """Every node on a generation other than ``old``, and ready on it."""
-    await until(lambda: all(s.node.generation not in (None, old) for s in c.nodes.values()))
+    await until(
+        lambda: all(s.node.verification.generation not in (None, old) for s in c.nodes.values())
+    )
     await all_ready(c)
 
 
 async def restart(c: Cluster, rank: int) -> str | None:
     """Stop and start one node, then wait until every node is ready on a new generation;
     the generation before, which no node serves any longer."""
-    old = c.nodes[(rank + 1) % c.n].node.generation
+    old = c.nodes[(rank + 1) % c.n].node.verification.generation
     await c.stop(rank)
     await c.start(rank)
     await moved_on(c, old)
@@ -167,4 +171,4 @@ async def tried_the_master(c: Cluster, ranks: Iterable[int], timeout_s: float = 
 
 
 def codes(sidecar: Sidecar) -> set[str]:
-    return {r.code for r in sidecar.node.reasons()}
+    return {r.code for r in sidecar.node.readiness.reasons()}
