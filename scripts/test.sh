@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test tier on a fresh machine: system set-up (as root), a venv, lint, types, tests.
 # Locally a tier whose prerequisites are missing is skipped with the reason; with CI=true it fails.
+#
+# The tests run side by side on RALLYPOINT_TEST_WORKERS workers (default 4, pytest-xdist);
+# the tiers that share one engine, cluster or server run on one worker each
+# (tests/conftest.py). `bash scripts/test.sh -n 0` runs them one after another.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
 
 if [ "$(id -u)" = 0 ]; then
     bash scripts/setup-system.sh
@@ -26,4 +31,5 @@ export PATH="$PWD/.venv/bin:$PATH"
 ruff check
 ruff format --check
 mypy
-exec python -m pytest -ra "$@"
+echo "set-up, lint and types took $((SECONDS - started)) s; the tests follow" >&2
+exec python -m pytest -ra -n "${RALLYPOINT_TEST_WORKERS:-4}" --dist loadgroup "$@"

@@ -29,6 +29,43 @@ def require_module(module: str, install: str) -> None:
     require(importlib.util.find_spec(module) is not None, f"{module} is not installed ({install})")
 
 
+#: Tiers whose tests share one engine, cluster or server per run: each runs on one worker
+#: when the suite runs side by side (pytest-xdist, ``--dist loadgroup``; docs/testing.md).
+ONE_WORKER_TIERS = ("compose", "slurm", "monitoring")
+#: Tiers whose modules share long-lived fixtures: each module runs on one worker.
+ONE_WORKER_MODULES = ("hardening",)
+
+
+def side_by_side_group(item: pytest.Item) -> str | None:
+    """The xdist group a test runs in: its tier's, its module's, or none (any worker)."""
+    parts = item.nodeid.split("::", 1)[0].split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+    if tier in ONE_WORKER_TIERS:
+        return tier
+    if tier in ONE_WORKER_MODULES:
+        return "/".join(parts)
+    return None
+
+
+#: The order the tiers start in: side by side, the workers take the longest first so that
+#: no long serial tier is left to run alone at the end.
+TIER_ORDER = ("slurm", "compose", "multihost", "monitoring", "hardening", "inprocess", "unit")
+
+
+def _tier_rank(item: pytest.Item) -> int:
+    parts = item.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+    return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_tier_rank)  # stable: each module's tests stay together, in file order
+    for item in items:
+        group = side_by_side_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]

@@ -65,6 +65,8 @@ def test_a_member_cut_off_from_its_relays_peer_api_joins_the_master(
     relay.inside(
         [
             "iptables",
+            "-w",
+            "5",
             "-A",
             "INPUT",
             "-s",

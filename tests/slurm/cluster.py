@@ -290,7 +290,7 @@ class SlurmCluster(BatchJobs):
         deleting the namespace deletes the rules too.
         """
         for rule in rules:
-            sh(["ip", "netns", "exec", self.hosts[name].ns, "iptables", action, *rule])
+            sh(["ip", "netns", "exec", self.hosts[name].ns, "iptables", "-w", "5", action, *rule])
 
     def cut_port(self, name: str, port: int, action: str = "-I") -> None:
         """Drop every TCP packet to or from ``port`` on a host (``action="-D"`` undoes it)."""

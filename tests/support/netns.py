@@ -205,7 +205,21 @@ class Bridge:
         if shutil.which("iptables") is not None:
             # Docker sets FORWARD's policy to DROP, and with br_netfilter bridged frames
             # traverse it; this rule lets our bridge talk to itself and nothing else.
-            sh(["iptables", "-I", "FORWARD", "-i", self.name, "-o", self.name, "-j", "ACCEPT"])
+            sh(
+                [
+                    "iptables",
+                    "-w",
+                    "5",
+                    "-I",
+                    "FORWARD",
+                    "-i",
+                    self.name,
+                    "-o",
+                    self.name,
+                    "-j",
+                    "ACCEPT",
+                ]
+            )
             self._forward_rule = True
 
     def add_host(
@@ -252,7 +266,19 @@ class Bridge:
         sh(["ip", "link", "del", self.name], check=False)
         if self._forward_rule:
             sh(
-                ["iptables", "-D", "FORWARD", "-i", self.name, "-o", self.name, "-j", "ACCEPT"],
+                [
+                    "iptables",
+                    "-w",
+                    "5",
+                    "-D",
+                    "FORWARD",
+                    "-i",
+                    self.name,
+                    "-o",
+                    self.name,
+                    "-j",
+                    "ACCEPT",
+                ],
                 check=False,
             )
             self._forward_rule = False
@@ -331,10 +357,12 @@ class Runs:
                 sh(["ip", "link", "del", name], check=False)
                 removed.append(f"link {name}")
         if shutil.which("iptables") is not None:
-            for line in sh(["iptables", "-S", "FORWARD"], check=False).stdout.splitlines():
+            for line in sh(
+                ["iptables", "-w", "5", "-S", "FORWARD"], check=False
+            ).stdout.splitlines():
                 found = re.fullmatch(r"-A FORWARD -i (\S+) -o \1 -j ACCEPT", line.strip())
                 if found and stale(found.group(1)):
-                    sh(["iptables", "-D", *line.split()[1:]], check=False)
+                    sh(["iptables", "-w", "5", "-D", *line.split()[1:]], check=False)
                     removed.append(f"iptables rule for {found.group(1)}")
         if ETC_NETNS.is_dir():
             for entry in (entry for entry in ETC_NETNS.iterdir() if stale(entry.name)):
