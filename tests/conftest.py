@@ -29,9 +29,9 @@ def require_module(module: str, install: str) -> None:
     require(importlib.util.find_spec(module) is not None, f"{module} is not installed ({install})")
 
 
-#: Tiers whose tests share one engine, cluster or server per run: each runs on one worker
-#: when the suite runs side by side (pytest-xdist, ``--dist loadgroup``; docs/testing.md).
-ONE_WORKER_TIERS = ("compose", "slurm", "monitoring")
+#: Tiers whose tests share one cluster or server per run: each runs on one worker when the
+#: suite runs side by side (pytest-xdist, ``--dist loadgroup``; docs/testing.md).
+ONE_WORKER_TIERS = ("slurm", "monitoring")
 #: Tiers whose modules share long-lived fixtures: each module runs on one worker.
 ONE_WORKER_MODULES = ("hardening",)
 
@@ -58,12 +58,25 @@ def _tier_rank(item: pytest.Item) -> int:
     return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)  # around xdist's hook, which reads the groups off the markers
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Generator[None, None, None]:
     items.sort(key=_tier_rank)  # stable: each module's tests stay together, in file order
     for item in items:
         group = side_by_side_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    yield
+    # In an xdist worker under --dist loadgroup, a grouped test's id ends in @group; without
+    # it the tier's tests would be spread over workers, each starting its own cluster.
+    if getattr(config.option, "loadgroup", False):
+        lost = [i.nodeid for i in items if side_by_side_group(i) and "@" not in i.nodeid]
+        if lost:
+            raise pytest.UsageError(
+                f"--dist loadgroup did not group {lost[0]} (pytest-xdist#1386 on pytest 9.2): "
+                "install the test extra's pytest (pip install -e '.[test]'), or run with -n 0"
+            )
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
