@@ -3,8 +3,8 @@
 # Locally a tier whose prerequisites are missing is skipped with the reason; with CI=true it fails.
 #
 # The tests run side by side on RALLYPOINT_TEST_WORKERS workers (default 4, pytest-xdist);
-# the tiers that share one engine, cluster or server run on one worker each
-# (tests/conftest.py). `bash scripts/test.sh -n 0` runs them one after another.
+# the tiers that share one cluster or server run on one worker each (tests/conftest.py).
+# `bash scripts/test.sh -n 0` runs them one after another (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -31,5 +31,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 ruff check
 ruff format --check
 mypy
-echo "set-up, lint and types took $((SECONDS - started)) s; the tests follow" >&2
+# The compose tier's image is set-up too: built (or found cached) here, before the tests time.
+if [ "$(id -u)" = 0 ] && docker info >/dev/null 2>&1; then
+    bash scripts/build-images.sh
+fi
+echo "set-up, lint, types and images took $((SECONDS - started)) s; the tests follow" >&2
 exec python -m pytest -ra -n "${RALLYPOINT_TEST_WORKERS:-4}" --dist loadgroup "$@"

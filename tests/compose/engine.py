@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 DOCKER_DIR = REPO / "docker"
 BUILD_SCRIPT = REPO / "scripts" / "build-images.sh"
+BUILD_LOCK = REPO / "dist" / "build-images.lock"
 IMAGE = os.environ.get("RALLYPOINT_IMAGE", "rallypoint:local")
 SUMMARY_PREFIX = "rallypoint-trainer "
 
@@ -81,8 +83,19 @@ def run(
 
 
 def build_images() -> None:
-    """Build (or refresh, cached) the rallypoint image with scripts/build-images.sh."""
-    run(["bash", str(BUILD_SCRIPT)], timeout_s=BUILD_TIMEOUT_S, env={**os.environ, "IMAGE": IMAGE})
+    """Build (or refresh, cached) the rallypoint image with scripts/build-images.sh.
+
+    One build at a time: tests side by side each call this once, the first builds (unless
+    scripts/test.sh did), the others wait for it and find everything cached.
+    """
+    BUILD_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with BUILD_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run(
+            ["bash", str(BUILD_SCRIPT)],
+            timeout_s=BUILD_TIMEOUT_S,
+            env={**os.environ, "IMAGE": IMAGE},
+        )
 
 
 @dataclass
