@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import socket
 from collections.abc import Iterator
@@ -45,12 +46,28 @@ class PortPool:
 _POOL = PortPool()
 
 
+def worker_slice(low: int, high: int, environ: dict[str, str] | None = None) -> tuple[int, int]:
+    """This pytest-xdist worker's share of [low, high]: its own slice, so that tests side by
+    side never hand out one port twice; the whole range outside xdist."""
+    env = os.environ if environ is None else environ
+    worker, count = env.get("PYTEST_XDIST_WORKER", ""), env.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return low, high
+    index, workers = int(worker[2:]), max(int(count), 1)
+    size = (high - low + 1) // workers
+    if size < 64 or index >= workers:
+        return low, high  # too narrow to share out
+    start = low + index * size
+    return start, start + size - 1
+
+
 def free_port(host: str = "127.0.0.1", *, low: int = 0, high: int = 0) -> int:
     """A port in [low, high] (default DEFAULT_RANGE) nothing is bound to on ``host`` right
-    now, and not handed out before by this process while the range lasts."""
+    now, and not handed out before by this process while the range lasts; side by side,
+    from this worker's slice of the range alone (worker_slice)."""
     if not high:
         low, high = DEFAULT_RANGE
-    return _POOL.take(host, low, high)
+    return _POOL.take(host, *worker_slice(low, high))
 
 
 @contextlib.contextmanager

@@ -4,14 +4,37 @@ from __future__ import annotations
 
 import socket
 
-from tests.support.ports import DEFAULT_RANGE, PortPool, free_port
+from tests.support.ports import DEFAULT_RANGE, PortPool, free_port, worker_slice
 
 
 def test_ports_handed_out_are_distinct() -> None:
-    # 600 draws from 2701 ports: drawn with replacement, a repeat is all but certain.
-    ports = [free_port() for _ in range(600)]
+    # Half of this worker's slice (600 draws of 2701 ports outside xdist): drawn with
+    # replacement, a repeat is all but certain.
+    low, high = worker_slice(*DEFAULT_RANGE)
+    pool = PortPool()
+    ports = [pool.take("127.0.0.1", low, high) for _ in range(min(600, (high - low + 1) // 2))]
     assert len(set(ports)) == len(ports)
-    assert all(DEFAULT_RANGE[0] <= port <= DEFAULT_RANGE[1] for port in ports)
+    assert all(low <= port <= high for port in ports)
+    assert DEFAULT_RANGE[0] <= free_port() <= DEFAULT_RANGE[1]
+
+
+def test_workers_side_by_side_draw_from_disjoint_slices() -> None:
+    low, high = DEFAULT_RANGE
+    slices = [
+        worker_slice(low, high, {"PYTEST_XDIST_WORKER": f"gw{i}", "PYTEST_XDIST_WORKER_COUNT": "6"})
+        for i in range(6)
+    ]
+    ports = [port for start, end in slices for port in range(start, end + 1)]
+    assert len(ports) == len(set(ports)) >= (high - low + 1) - 6
+    assert all(low <= port <= high for port in ports)
+    assert worker_slice(low, high, {}) == (low, high)  # not side by side: the whole range
+    # A range too narrow to share out is shared whole.
+    assert worker_slice(
+        100, 199, {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "4"}
+    ) == (
+        100,
+        199,
+    )
 
 
 #: Just above DEFAULT_RANGE and below the kernel's ephemeral ports (32768-): nothing else on
