@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,11 @@ VERDICT_S = 40.0
 JOB_S = 90.0
 #: gloo's own timeout for the job under a fault (its default is 30 min).
 GLOO_TIMEOUT_S = "15"
+#: How long a job the test expects to fail may run: three times gloo's timeout, and more than
+#: three times a healthy job of these tests takes (under 15 s with every test side by side).
+#: A cut connection can hold gloo's connect past its timeout; such a job is killed here,
+#: which is its fate without rallypoint too (it never completes).
+FAILING_JOB_S = 3 * float(GLOO_TIMEOUT_S)
 
 Results = dict[str, tuple[int | None, Any]]
 
@@ -51,11 +57,13 @@ def run_job(
     *,
     args: Sequence[str] = (),
     clock_offsets: Mapping[str, float] | None = None,
+    wait_s: float = JOB_S,
 ) -> Results:
     """Stop the sidecars, then run the gloo all-reduce on every node; name -> (code, result).
 
     ``args`` go to the script (``--mib 4 --steps 5``: training-sized tensors);
-    ``clock_offsets`` run a node's job with its clock shifted, as its sidecar's was.
+    ``clock_offsets`` run a node's job with its clock shifted, as its sidecar's was;
+    ``wait_s`` is how long the whole job may run (FAILING_JOB_S where it must fail).
     """
     envs = envs or {node.name: hand_env(cluster, node.name) for node in cluster}
     for node in cluster:
@@ -78,9 +86,10 @@ def run_job(
         )
         for node in cluster
     }
+    deadline = time.monotonic() + wait_s
     for name, proc in procs.items():
         try:
-            code: int | None = proc.wait(JOB_S)
+            code: int | None = proc.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             proc.kill()
             code = None

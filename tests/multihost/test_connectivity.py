@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.multihost.jobs import job_completed, rank_of, run_job, wait_reason
+from tests.multihost.jobs import FAILING_JOB_S, job_completed, rank_of, run_job, wait_reason
 from tests.support.cluster.build import Cluster, MakeCluster
 from tests.support.cluster.nodes import Node
 from tests.support.netns import IFNAME
@@ -75,7 +75,7 @@ def test_a_cut_worker_pair_is_not_ready_everywhere_and_the_job_fails(
     text = cluster["sub2"].run([sys.executable, "-m", "rallypoint", "status", "--mesh"])
     assert text.returncode == 1, text
     assert "4 passed, 2 failed" in text.stdout, text.stdout
-    results = run_job(cluster, torch_script)
+    results = run_job(cluster, torch_script, wait_s=FAILING_JOB_S)
     assert not job_completed(results), results
 
 
@@ -116,7 +116,7 @@ def test_the_master_port_dropped_by_a_firewall_is_not_ready(
         assert f"tcp/{MASTER_PORT}" in reason["message"] and reason["detail"] == "timeout"
     reason = wait_reason(main1, "master_port_unreachable")  # the master names it too
     assert not any(node.is_ready() for node in cluster)
-    results = run_job(cluster, torch_script)
+    results = run_job(cluster, torch_script, wait_s=FAILING_JOB_S)
     assert not job_completed(results), results
 
 
@@ -145,7 +145,7 @@ def test_traffic_that_flows_one_way_is_not_ready(cluster: Cluster, torch_script:
     assert reason["message"].startswith("sub2 cannot reach sub1"), reason
     assert reason["ranks"] == [rank_of(cluster, "sub2"), rank_of(cluster, "sub1")]
     assert not any("sub1 cannot reach sub2" in str(r) for r in sub1.not_ready_reasons() or [])
-    results = run_job(cluster, torch_script)
+    results = run_job(cluster, torch_script, wait_s=FAILING_JOB_S)
     assert not job_completed(results), results
 
 

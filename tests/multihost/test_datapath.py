@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.multihost.jobs import job_completed, run_job, wait_reason
+from tests.multihost.jobs import FAILING_JOB_S, job_completed, run_job, wait_reason
 from tests.support.cluster.build import Cluster, MakeCluster
 from tests.support.cluster.nodes import Node
 
@@ -78,7 +78,7 @@ def test_a_path_mtu_black_hole_is_not_ready_and_the_job_hangs(
         assert CLAMP - 60 <= int(reason["detail"]) <= CLAMP, (name, reason)
         assert f"set the interface MTU to {reason['detail']} on every node" in reason["message"]
     assert not any(node.is_ready() for node in cluster)
-    results = run_job(cluster, torch_script, args=JOB)
+    results = run_job(cluster, torch_script, args=JOB, wait_s=FAILING_JOB_S)
     assert not job_completed(results), results
 
 
