@@ -1,0 +1,81 @@
+"""One benchmark on two checkouts, alternating run by run: this one and --against CHECKOUT.
+
+    git worktree add /tmp/before COMMIT
+    python bench/against.py --against /tmp/before --rounds 2 -- scale.py --sizes 4096 --runs 3
+
+Each round runs ``bench/SCRIPT`` of both checkouts, each with its own code (bench/common.py
+puts a checkout's own src/ first), in the order this, against, then against, this on the next
+round, so that a drift of the machine's load falls on both alike. Every run's summary (the
+file the benchmark reports it wrote) is collected into bench/results/against-NAME.json; this
+checkout's own results file is left as it was, since a run with other flags would overwrite
+the figures docs/ cite.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import common
+
+WROTE = re.compile(r"^wrote (\S+\.json)$", re.MULTILINE)
+
+
+def run_once(checkout: Path, script: str, argv: list[str]) -> dict[str, Any]:
+    """Run one checkout's bench script; the summary it wrote, its own file restored."""
+    written = {
+        path: path.read_bytes() for path in (common.RESULTS_DIR).glob("*.json") if path.is_file()
+    }
+    out = subprocess.run(
+        [sys.executable, str(checkout / "bench" / script), *argv, "--no-plot"],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+        env=common.quiet_environ({"PYTHONPATH": str(checkout / "src")}),
+    )
+    sys.stdout.write(out.stdout)
+    found = WROTE.findall(out.stdout)
+    if not found:
+        raise SystemExit(f"{script} on {checkout} reported no summary file")
+    result = json.loads((checkout / found[-1]).read_text())
+    for path, content in written.items():  # leave this checkout's cited figures as they were
+        if path.read_bytes() != content:
+            path.write_bytes(content)
+    return result
+
+
+def main() -> None:
+    p = common.ab_parser(__doc__, rounds=2)
+    p.add_argument("script", help="the benchmark, e.g. scale.py")
+    p.add_argument("args", nargs="*", help="its flags (after --)")
+    args = p.parse_args()
+    if args.against is None:
+        raise SystemExit("--against CHECKOUT is required: the checkout to measure beside this one")
+    sides = {"this": common.REPO, "against": args.against.resolve()}
+    names = {side: common.checkout_name(path) for side, path in sides.items()}
+    runs: list[dict[str, Any]] = []
+    for round_no in range(args.rounds):
+        order = ["this", "against"] if round_no % 2 == 0 else ["against", "this"]
+        for side in order:
+            print(f"round {round_no + 1}/{args.rounds}: {side} ({names[side]})", flush=True)
+            result = run_once(sides[side], args.script, list(args.args))
+            result.pop("machine", None)
+            runs.append({"round": round_no + 1, "side": side, "result": result})
+    name = Path(args.script).stem
+    common.write_summary(
+        f"against-{name}",
+        {
+            "command": f"python bench/against.py --against CHECKOUT --rounds {args.rounds} -- "
+            + " ".join([args.script, *args.args]),
+            "checkouts": names,
+            "runs": runs,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
