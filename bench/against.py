@@ -6,9 +6,9 @@
 Each round runs ``bench/SCRIPT`` of both checkouts, each with its own code (bench/common.py
 puts a checkout's own src/ first), in the order this, against, then against, this on the next
 round, so that a drift of the machine's load falls on both alike. Every run's summary (the
-file the benchmark reports it wrote) is collected into bench/results/against-NAME.json; this
-checkout's own results file is left as it was, since a run with other flags would overwrite
-the figures docs/ cite.
+file the benchmark reports it wrote) is collected into bench/results/against-SCRIPT.json
+(``--out NAME``: NAME.json); this checkout's own results are left as they were (a run with
+other flags would overwrite the figures docs/ cite).
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ WROTE = re.compile(r"^wrote (\S+\.json)$", re.MULTILINE)
 
 def run_once(checkout: Path, script: str, argv: list[str]) -> dict[str, Any]:
     """Run one checkout's bench script; the summary it wrote, its own file restored."""
-    written = {
-        path: path.read_bytes() for path in (common.RESULTS_DIR).glob("*.json") if path.is_file()
-    }
+    written = {path.resolve(): path.read_bytes() for path in common.RESULTS_DIR.glob("*.json")}
     out = subprocess.run(
         [sys.executable, str(checkout / "bench" / script), *argv, "--no-plot"],
         stdout=subprocess.PIPE,
@@ -42,14 +40,20 @@ def run_once(checkout: Path, script: str, argv: list[str]) -> dict[str, Any]:
     if not found:
         raise SystemExit(f"{script} on {checkout} reported no summary file")
     result = json.loads((checkout / found[-1]).read_text())
-    for path, content in written.items():  # leave this checkout's cited figures as they were
-        if path.read_bytes() != content:
-            path.write_bytes(content)
+    for name in found:  # leave this checkout's figures as they were
+        path = (checkout / name).resolve()
+        if path.parent != common.RESULTS_DIR.resolve():
+            continue  # another checkout's results
+        if path not in written:
+            path.unlink()
+        elif path.read_bytes() != written[path]:
+            path.write_bytes(written[path])
     return result
 
 
 def main() -> None:
     p = common.ab_parser(__doc__, rounds=2)
+    p.add_argument("--out", help="the summary's name (default: against-SCRIPT)")
     p.add_argument("script", help="the benchmark, e.g. scale.py")
     p.add_argument("args", nargs="*", help="its flags (after --)")
     args = p.parse_args()
@@ -65,11 +69,12 @@ def main() -> None:
             result = run_once(sides[side], args.script, list(args.args))
             result.pop("machine", None)
             runs.append({"round": round_no + 1, "side": side, "result": result})
-    name = Path(args.script).stem
+    name = args.out or f"against-{Path(args.script).stem}"
+    out = f" --out {args.out}" if args.out else ""
     common.write_summary(
-        f"against-{name}",
+        name,
         {
-            "command": f"python bench/against.py --against CHECKOUT --rounds {args.rounds} -- "
+            "command": f"python bench/against.py --against CHECKOUT --rounds {args.rounds}{out} -- "
             + " ".join([args.script, *args.args]),
             "checkouts": names,
             "runs": runs,

@@ -23,6 +23,12 @@ def tier_of(classname: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
 
 
+def without_group(name: str) -> str:
+    """A test's name without the ``@group`` xdist adds under --dist loadgroup."""
+    at = name.rfind("@")
+    return name[:at] if at > name.rfind("]") else name
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("report", type=Path, help="the --junitxml file of one run")
@@ -41,7 +47,7 @@ def main() -> int:
         seconds[tier] += took
         counts[tier] += 1
         if took > longest.get(tier, (-1.0, ""))[0]:
-            longest[tier] = (took, case.get("name", ""))
+            longest[tier] = (took, without_group(case.get("name", "")))
     print("| tier | tests | summed time (s) | longest test (s) |")
     print("|---|---|---|---|")
     for tier in sorted(seconds, key=seconds.__getitem__, reverse=True):
