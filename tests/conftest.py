@@ -10,7 +10,7 @@ from collections.abc import Generator, Iterator
 import pytest
 
 from rallypoint.cli import logs
-from tests.support.mdns import loopback_multicast_works
+from tests.support.mdns import LOOPBACK_MDNS_TESTS, loopback_multicast_works
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -36,9 +36,17 @@ ONE_WORKER_TIERS = ("slurm", "monitoring")
 ONE_WORKER_MODULES = ("hardening",)
 
 
+#: The modules that use real mDNS on loopback, the host's own medium: one worker for all.
+LOOPBACK_MDNS_MODULES = frozenset([*LOOPBACK_MDNS_TESTS, "tests/inprocess/test_mdns_strangers.py"])
+
+
 def side_by_side_group(item: pytest.Item) -> str | None:
-    """The xdist group a test runs in: its tier's, its module's, or none (any worker)."""
-    parts = item.nodeid.split("::", 1)[0].split("/")
+    """The xdist group a test runs in: loopback mDNS's, its tier's, its module's, or none
+    (any worker)."""
+    module = item.nodeid.split("::", 1)[0]
+    if module in LOOPBACK_MDNS_MODULES:
+        return "loopback-mdns"
+    parts = module.split("/")
     tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
     if tier in ONE_WORKER_TIERS:
         return tier

@@ -23,17 +23,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.env import child_env
-from tests.support.mdns import rogues
+from tests.support.mdns import LOOPBACK_MDNS_TESTS, rogues
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 #: Every test module that announces or browses with real mDNS on loopback.
-MDNS_TESTS = [
-    "tests/inprocess/test_mdns.py",
-    "tests/inprocess/test_sidecar_mdns.py",
-    "tests/hardening/test_shutdown.py",
-    "tests/hardening/test_auth_hardening.py",
-]
+MDNS_TESTS = LOOPBACK_MDNS_TESTS
 RUN_BOUND_S = 600.0
 
 

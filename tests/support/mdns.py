@@ -15,6 +15,15 @@ from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 from rallypoint.mdns.txt import SERVICE_TYPE
 
 LOOPBACK = ["127.0.0.1"]
+#: Every test module that announces or browses with real mDNS on loopback. Loopback's
+#: multicast is the host's: side by side these run on one worker (tests/conftest.py), since
+#: a burst of another module's announcements can crowd out a goodbye a test waits for.
+LOOPBACK_MDNS_TESTS = [
+    "tests/inprocess/test_mdns.py",
+    "tests/inprocess/test_sidecar_mdns.py",
+    "tests/hardening/test_shutdown.py",
+    "tests/hardening/test_auth_hardening.py",
+]
 
 
 def loopback_multicast_works() -> bool:
