@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from rallypoint.core import fanout
 from tests.support.cluster.layout import PEER_PORT, SUBNET
-from tests.support.netns import IFNAME
+from tests.support.netns import IFNAME, xtables
 
 if TYPE_CHECKING:
     from tests.multihost.rounds import Campaign
@@ -73,8 +73,8 @@ def named_by_others(hosts: Sequence[str], target: str) -> list[tuple[str, str]]:
 def iptables(c: Campaign, name: str, rule: Sequence[str]) -> Callable[[], None]:
     """Insert an iptables rule in a node's namespace; return what deletes it."""
     node = c.cluster[name]
-    node.inside(["iptables", "-w", "5", "-I", *rule])
-    return lambda: node.inside(["iptables", "-w", "5", "-D", *rule])
+    node.inside(xtables("iptables", "-I", *rule))
+    return lambda: node.inside(xtables("iptables", "-D", *rule))
 
 
 def drop_from(c: Campaign, name: str, source: str) -> Callable[[], None]:

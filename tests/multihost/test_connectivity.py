@@ -20,7 +20,7 @@ import pytest
 from tests.multihost.jobs import FAILING_JOB_S, job_completed, rank_of, run_job, wait_reason
 from tests.support.cluster.build import Cluster, MakeCluster
 from tests.support.cluster.nodes import Node
-from tests.support.netns import IFNAME
+from tests.support.netns import IFNAME, xtables
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
@@ -96,19 +96,7 @@ def test_the_master_port_dropped_by_a_firewall_is_not_ready(
 ) -> None:
     main1 = cluster["main1"]
     main1.inside(
-        [
-            "iptables",
-            "-w",
-            "5",
-            "-A",
-            "INPUT",
-            "-p",
-            "tcp",
-            "--dport",
-            str(MASTER_PORT),
-            "-j",
-            "DROP",
-        ]
+        xtables("iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(MASTER_PORT), "-j", "DROP")
     )
     cluster.start_all()
     for name in ("sub1", "sub2"):
@@ -125,20 +113,7 @@ def test_traffic_that_flows_one_way_is_not_ready(cluster: Cluster, torch_script:
     # dialled by the node with the larger address (sub2), so the job fails.
     sub1, sub2 = cluster["sub1"], cluster["sub2"]
     sub1.inside(
-        [
-            "iptables",
-            "-w",
-            "5",
-            "-A",
-            "INPUT",
-            "-s",
-            sub2.address,
-            "-p",
-            "tcp",
-            "--syn",
-            "-j",
-            "DROP",
-        ]
+        xtables("iptables", "-A", "INPUT", "-s", sub2.address, "-p", "tcp", "--syn", "-j", "DROP")
     )
     cluster.start_all()
     reason = wait_reason(cluster["main1"], "peer_unreachable")
@@ -159,7 +134,7 @@ def test_a_dropped_tf_port_is_not_ready_only_when_tf_config_is_served(
         subnet=SUBNET,
     )
     with_tf["sub2"].inside(
-        ["iptables", "-w", "5", "-A", "INPUT", "-p", "tcp", "--dport", str(tf_port), "-j", "DROP"]
+        xtables("iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(tf_port), "-j", "DROP")
     )
     with_tf.start_all()
     reason = wait_reason(with_tf["sub1"], "tf_port_unreachable")
@@ -176,7 +151,7 @@ def test_a_dropped_tf_port_is_not_ready_only_when_tf_config_is_served(
         subnet="172.30.214",
     )
     torch_only["sub2"].inside(
-        ["iptables", "-w", "5", "-A", "INPUT", "-p", "tcp", "--dport", str(tf_port), "-j", "DROP"]
+        xtables("iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(tf_port), "-j", "DROP")
     )
     torch_only.start_all()
     served = torch_only.wait_all_ready(READY_S)

@@ -14,6 +14,7 @@ from tests.multihost import clients
 from tests.support.cluster.build import Cluster, MakeCluster, backendai_order
 from tests.support.cluster.layout import PEER_PORT
 from tests.support.cluster.nodes import Node
+from tests.support.netns import xtables
 
 pytestmark = [pytest.mark.multihost]
 
@@ -63,10 +64,8 @@ def test_a_member_cut_off_from_its_relays_peer_api_joins_the_master(
     master, _, relay, member = by_rank(cluster)
     # The relay's peer API drops the member's connections; every other port stays open.
     relay.inside(
-        [
+        xtables(
             "iptables",
-            "-w",
-            "5",
             "-A",
             "INPUT",
             "-s",
@@ -77,7 +76,7 @@ def test_a_member_cut_off_from_its_relays_peer_api_joins_the_master(
             str(PEER_PORT),
             "-j",
             "DROP",
-        ]
+        )
     )
     cluster.start_all()
     served = cluster.wait_all_ready(READY_S)

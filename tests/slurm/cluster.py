@@ -289,8 +289,9 @@ class SlurmCluster(BatchJobs):
         A namespace has its own netfilter tables: nothing of the machine's is touched, and
         deleting the namespace deletes the rules too.
         """
+        inside = ["ip", "netns", "exec", self.hosts[name].ns]
         for rule in rules:
-            sh(["ip", "netns", "exec", self.hosts[name].ns, "iptables", "-w", "5", action, *rule])
+            sh([*inside, *netns.xtables("iptables", action, *rule)])
 
     def cut_port(self, name: str, port: int, action: str = "-I") -> None:
         """Drop every TCP packet to or from ``port`` on a host (``action="-D"`` undoes it)."""

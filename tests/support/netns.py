@@ -162,6 +162,16 @@ def write_hosts(ns: str, text: str) -> None:
         handle.truncate()
 
 
+#: How long an iptables call waits for the xtables lock that another cluster's call holds
+#: (tests side by side): without it the second call fails at once.
+XTABLES_WAIT_S = "5"
+
+
+def xtables(tool: str, *args: str) -> list[str]:
+    """``tool`` (iptables or ip6tables) with ``args``, waiting for the xtables lock."""
+    return [tool, "-w", XTABLES_WAIT_S, *args]
+
+
 def port_drop_rules(port: int) -> list[list[str]]:
     """iptables rules (without the action) that drop every TCP packet to or from ``port``, in
     and out: a process listening there is cut off, the rest of the host's traffic is not."""
@@ -205,21 +215,7 @@ class Bridge:
         if shutil.which("iptables") is not None:
             # Docker sets FORWARD's policy to DROP, and with br_netfilter bridged frames
             # traverse it; this rule lets our bridge talk to itself and nothing else.
-            sh(
-                [
-                    "iptables",
-                    "-w",
-                    "5",
-                    "-I",
-                    "FORWARD",
-                    "-i",
-                    self.name,
-                    "-o",
-                    self.name,
-                    "-j",
-                    "ACCEPT",
-                ]
-            )
+            sh(xtables("iptables", "-I", *self._forward_accept()))
             self._forward_rule = True
 
     def add_host(
@@ -257,6 +253,10 @@ class Bridge:
             # mDNS needs a multicast route; unicast outside the subnet has none, on purpose.
             sh([*inside, "route", "add", "224.0.0.0/4", "dev", IFNAME])
 
+    def _forward_accept(self) -> list[str]:
+        """The FORWARD rule (without the action) that lets this bridge talk to itself."""
+        return ["FORWARD", "-i", self.name, "-o", self.name, "-j", "ACCEPT"]
+
     def remove_host(self, ns: str, veth: str) -> None:
         sh(["ip", "link", "del", veth], check=False)
         sh(["ip", "netns", "del", ns], check=False)
@@ -265,22 +265,7 @@ class Bridge:
     def close(self) -> None:
         sh(["ip", "link", "del", self.name], check=False)
         if self._forward_rule:
-            sh(
-                [
-                    "iptables",
-                    "-w",
-                    "5",
-                    "-D",
-                    "FORWARD",
-                    "-i",
-                    self.name,
-                    "-o",
-                    self.name,
-                    "-j",
-                    "ACCEPT",
-                ],
-                check=False,
-            )
+            sh(xtables("iptables", "-D", *self._forward_accept()), check=False)
             self._forward_rule = False
 
 
@@ -357,12 +342,10 @@ class Runs:
                 sh(["ip", "link", "del", name], check=False)
                 removed.append(f"link {name}")
         if shutil.which("iptables") is not None:
-            for line in sh(
-                ["iptables", "-w", "5", "-S", "FORWARD"], check=False
-            ).stdout.splitlines():
+            for line in sh(xtables("iptables", "-S", "FORWARD"), check=False).stdout.splitlines():
                 found = re.fullmatch(r"-A FORWARD -i (\S+) -o \1 -j ACCEPT", line.strip())
                 if found and stale(found.group(1)):
-                    sh(["iptables", "-w", "5", "-D", *line.split()[1:]], check=False)
+                    sh(xtables("iptables", "-D", *line.split()[1:]), check=False)
                     removed.append(f"iptables rule for {found.group(1)}")
         if ETC_NETNS.is_dir():
             for entry in (entry for entry in ETC_NETNS.iterdir() if stale(entry.name)):

@@ -174,7 +174,7 @@ class LinkFaults(ABC):
         tools = self._filter_tools()
         self.faults["drop_incoming"] = (tools, rule)
         for tool in tools:
-            self.inside([tool, "-w", "5", "-I", *rule])
+            self.inside(netns.xtables(tool, "-I", *rule))
 
     def undrop_incoming(self, *, check: bool = True) -> None:
         """Undo `drop_incoming`; no-op without one."""
@@ -182,7 +182,7 @@ class LinkFaults(ABC):
             return
         tools, rule = self.faults.pop("drop_incoming")
         for tool in tools:
-            sh(["ip", "netns", "exec", self.ns, tool, "-w", "5", "-D", *rule], check=check)
+            sh(["ip", "netns", "exec", self.ns, *netns.xtables(tool, "-D", *rule)], check=check)
         self._offloads_restore(check=check)
 
     def _filter_tools(self) -> list[str]:
@@ -198,7 +198,7 @@ class LinkFaults(ABC):
         self.faults["cut_port"] = (tools, rules)
         for tool in tools:
             for rule in rules:
-                self.inside([tool, "-w", "5", "-I", *rule])
+                self.inside(netns.xtables(tool, "-I", *rule))
 
     def uncut_port(self, *, check: bool = True) -> None:
         """Undo `cut_port`; no-op without one."""
@@ -207,7 +207,7 @@ class LinkFaults(ABC):
         tools, rules = self.faults.pop("cut_port")
         for tool in tools:
             for rule in rules:
-                sh(["ip", "netns", "exec", self.ns, tool, "-w", "5", "-D", *rule], check=check)
+                sh(["ip", "netns", "exec", self.ns, *netns.xtables(tool, "-D", *rule)], check=check)
 
     def clear_faults(self, *, check: bool = False) -> None:
         """Undo every fault of clamp_path_mtu, shape, drop_incoming and cut_port in force."""
