@@ -40,18 +40,27 @@ ONE_WORKER_MODULES = ("hardening",)
 LOOPBACK_MDNS_MODULES = frozenset([*LOOPBACK_MDNS_TESTS, "tests/inprocess/test_mdns_strangers.py"])
 
 
+def _module(item: pytest.Item) -> str:
+    """``tests/multihost/test_run.py`` for any test of that module."""
+    return item.nodeid.split("::", 1)[0]
+
+
+def _tier(item: pytest.Item) -> str:
+    """``multihost`` for a test under tests/multihost/, "" outside a tier."""
+    parts = _module(item).split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+
+
 def side_by_side_group(item: pytest.Item) -> str | None:
     """The xdist group a test runs in: loopback mDNS's, its tier's, its module's, or none
     (any worker)."""
-    module = item.nodeid.split("::", 1)[0]
+    module, tier = _module(item), _tier(item)
     if module in LOOPBACK_MDNS_MODULES:
         return "loopback-mdns"
-    parts = module.split("/")
-    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
     if tier in ONE_WORKER_TIERS:
         return tier
     if tier in ONE_WORKER_MODULES:
-        return "/".join(parts)
+        return module
     return None
 
 
@@ -61,8 +70,7 @@ TIER_ORDER = ("slurm", "compose", "multihost", "monitoring", "hardening", "inpro
 
 
 def _tier_rank(item: pytest.Item) -> int:
-    parts = item.nodeid.split("/")
-    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+    tier = _tier(item)
     return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
 
 
