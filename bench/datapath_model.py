@@ -3,7 +3,7 @@
 Pure arithmetic from the code's own choices, nothing started: each node probes the peers
 of ``names.scope_ranks(N, rank, "auto")`` (its own rank aside) on their probe port, and each
 probe moves ``Settings().throughput_bytes`` each way to the peers of
-``links.measured_peers(N, rank)``, ``connectivity.MEASURES`` times (a measured link repeats
+``links.measured_peers(N, rank)``, ``prober.MEASURES`` times (a measured link repeats
 its transfer while the ones so far were quick, as they are on the fast links modelled
 here), and ``datapath.PATH_BYTES`` each way to the others; with
 ``--no-throughput`` every probe moves PATH_BYTES. A node sends the up legs of its own
@@ -34,7 +34,7 @@ import common
 sys.path.insert(0, str(common.REPO / "src"))
 from rallypoint.core import links, names
 from rallypoint.net import datapath
-from rallypoint.rendezvous import connectivity
+from rallypoint.rendezvous import prober
 from rallypoint.settings import Settings
 
 SIZES = (8, 16, 64, 1024, 4096)
@@ -49,7 +49,7 @@ SEED = "model-session"
 def per_node(nnodes: int, throughput: bool) -> dict[str, list[int]]:
     """Each rank's probes made and answered, links measured, bytes sent and received."""
     settings = Settings()
-    big = settings.throughput_bytes * connectivity.MEASURES if throughput else datapath.PATH_BYTES
+    big = settings.throughput_bytes * prober.MEASURES if throughput else datapath.PATH_BYTES
     probes_out = [0] * nnodes
     probes_in = [0] * nnodes
     link_ends = [0] * nnodes
@@ -180,7 +180,7 @@ def main() -> None:
             "assumptions": {
                 "path_bytes": datapath.PATH_BYTES,
                 "throughput_bytes": Settings().throughput_bytes,
-                "transfers_per_measured_link": connectivity.MEASURES,
+                "transfers_per_measured_link": prober.MEASURES,
                 "probe_workers": Settings().probe_workers,
                 "rtt_s": RTT_S,
                 "round_trips_per_probe": ROUND_TRIPS,

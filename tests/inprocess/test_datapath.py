@@ -22,7 +22,7 @@ from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.net import datapath, datawindow, probe, tcpinfo
 from rallypoint.net.probe import MAGIC
-from rallypoint.rendezvous import connectivity
+from rallypoint.rendezvous import prober as prober_mod
 from tests.support.settings import fast_settings
 
 SESSION = "sess-data"
@@ -179,10 +179,10 @@ def loopback_mtu() -> int:
     return mtu
 
 
-def prober() -> tuple[connectivity.Prober, Metrics]:
+def prober() -> tuple[prober_mod.Prober, Metrics]:
     spec = ClusterSpec("explicit", HOSTS, 0, 3, SESSION)
     metrics = Metrics()
-    p = connectivity.Prober(
+    p = prober_mod.Prober(
         spec,
         fast_settings(probe_timeout_s=0.4, token=TOKEN),
         auth=Authenticator(TOKEN),
@@ -193,7 +193,7 @@ def prober() -> tuple[connectivity.Prober, Metrics]:
     return p, metrics
 
 
-async def first_failures(p: connectivity.Prober, target: connectivity.Target) -> list[Any]:
+async def first_failures(p: prober_mod.Prober, target: prober_mod.Target) -> list[Any]:
     seen: list[list[Any]] = []
     done = asyncio.Event()
 
@@ -217,7 +217,7 @@ async def test_a_black_hole_is_path_mtu_with_the_size_that_passes(
     # + 20 TCP + 12 of timestamp option) do not pass, loopback's MTU notwithstanding.
     port = await window(max_mss=1360)
     p, metrics = prober()
-    target = connectivity.Target("probe", 1, "node1", "127.0.0.1", port)
+    target = prober_mod.Target("probe", 1, "node1", "127.0.0.1", port)
     failures = await first_failures(p, target)
     assert [f.code for f in failures] == ["path_mtu"], failures
     size = int(failures[0].detail)
@@ -234,7 +234,7 @@ async def test_a_black_hole_is_path_mtu_with_the_size_that_passes(
 async def test_a_stall_at_every_size_is_data_stalled_not_mtu(window: Callable[..., Any]) -> None:
     port = await window("silent")
     p, _ = prober()
-    failures = await first_failures(p, connectivity.Target("probe", 1, "node1", "127.0.0.1", port))
+    failures = await first_failures(p, prober_mod.Target("probe", 1, "node1", "127.0.0.1", port))
     assert [f.code for f in failures] == ["data_stalled"], failures
     assert "even in small packets" in failures[0].message
 
@@ -242,7 +242,7 @@ async def test_a_stall_at_every_size_is_data_stalled_not_mtu(window: Callable[..
 async def test_a_link_below_the_floor_fails_with_its_figure(window: Callable[..., Any]) -> None:
     port = await window()
     spec = ClusterSpec("explicit", HOSTS, 0, 3, SESSION)
-    p = connectivity.Prober(
+    p = prober_mod.Prober(
         spec,
         fast_settings(min_link_mbps=1e6, token=TOKEN),
         auth=Authenticator(TOKEN),
@@ -250,7 +250,7 @@ async def test_a_link_below_the_floor_fails_with_its_figure(window: Callable[...
         route=probe.direct,
         rng=random.Random(1),
     )
-    failures = await first_failures(p, connectivity.Target("probe", 1, "node1", "127.0.0.1", port))
+    failures = await first_failures(p, prober_mod.Target("probe", 1, "node1", "127.0.0.1", port))
     assert [f.code for f in failures] == ["slow_link"], failures
     assert "below --min-link-mbps 1e+06" in failures[0].message
     assert p.links[1].bytes == fast_settings().throughput_bytes

@@ -67,7 +67,7 @@ class Outcome(msgspec.Struct, frozen=True):
     elapsed_s: float
     #: The data leg, when one was asked for and the answer checked out.
     transfer: datapath.Transfer | None = None
-    #: A measured link's figures (connectivity.Prober: the best of its transfers).
+    #: A measured link's figures (prober.Prober: the best of its transfers).
     link: LinkStat | None = None
 
     @property

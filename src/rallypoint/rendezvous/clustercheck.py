@@ -114,6 +114,7 @@ class GenerationCheck:
         net: wire.NetFacts,
         busy: Callable[[], frozenset[str]],
         rng: random.Random,
+        announce: Callable[[], None],
     ) -> None:
         self.node = node
         self.spec = spec
@@ -123,6 +124,7 @@ class GenerationCheck:
         self.net = net
         self._busy = busy
         self._rng = rng
+        self._announce = announce
         self.local: list[Reason] = [
             Reason("verifying", f"checking peer names for generation {doc.generation}")
         ]
@@ -154,6 +156,32 @@ class GenerationCheck:
         self._show()
         if self._state() != before:
             self._dirty.set()
+
+    def peer_failed(self, host: str, reason: Reason) -> None:
+        """A peer's first name check failed: show and report it now, beside the others'."""
+        current = [r for r in self.local if r.code != "verifying" and r.host != host]
+        self.update([*current, reason])
+
+    async def failed(self, failures: Sequence[Reason], timeout_s: float) -> None:
+        """The names or the env failed: report it (every node shows it), wait for the answer."""
+        self.update(failures)
+        await self.reported(timeout_s)
+        self._announce()
+
+    def trying(self, count: int) -> None:
+        """The names passed and the env derived: the connections are being tried."""
+        self.update([Reason("verifying", f"trying {count} connections the job will make")])
+
+    def settled(self, failures: Sequence[Reason], links: Sequence[LinkStat] | None = None) -> None:
+        """A round of this node's connection checks ended: passed, or what failed.
+
+        A failure is announced (the announce callback: once per generation); a pass only on
+        the master, whose announcement also wakes a worker outside its long-poll that missed
+        the poke. A worker announces its pass once ready.
+        """
+        self.update(failures, passed=not failures, links=links)
+        if self.spec.is_master or failures:
+            self._announce()
 
     async def reported(self, timeout_s: float) -> None:
         """Wait until the master answered a report of the current local state (or timeout)."""
@@ -305,12 +333,3 @@ class GenerationCheck:
             seen=seen,
             links=self.links,
         )
-
-
-async def cancel_quietly(task: asyncio.Task[object] | None) -> None:
-    """Cancel ``task`` and wait for it, whatever it raised."""
-    if task is None:
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task

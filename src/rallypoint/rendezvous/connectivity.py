@@ -14,64 +14,30 @@ What is tried, for one cluster document (docs/readiness.md, "Connections"):
   pass: ``path_mtu``), and enough on the links of links.measured_peers to measure their
   throughput, retransmits and RTT.
 
-Probes run concurrently (at most ``probe_workers`` at once), each bounded by
-``probe_timeout_s``; failing ones are retried with capped, jittered backoff until they pass,
-so a fault repaired while the cluster waits turns it ready without a restart.
+How, and the retries until a repaired fault passes: rendezvous/prober.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
-import msgspec
-
-from rallypoint.auth import Authenticator
 from rallypoint.core import links, names
-from rallypoint.core.backoff import Backoff
-from rallypoint.errors import PortError
-from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec
-from rallypoint.net import datapath, probe
-from rallypoint.net.ports import HeldPort
-from rallypoint.reasons import (
-    Reason,
-    path_mtu_reason,
-    slow_link_failure,
-    stalled_reason,
-    unreachable_reason,
-)
-from rallypoint.settings import Settings
+from rallypoint.net import probe
+from rallypoint.reasons import Reason
+from rallypoint.rendezvous.prober import Prober, Target
+from rallypoint.rendezvous.race import cancel_quietly
 
-#: A measured link's transfer is repeated (up to MEASURES in all) while the ones so far took
-#: less than this: the best of each leg is kept, since a busy CPU only ever slows a leg down
-#: (docs/readiness.md, "Data path"); a slow link is not measured twice.
-REMEASURE_WITHIN_S = 0.25
-MEASURES = 3
-
-#: Bytes each way of one try in the search for the packet size that passes.
-SEARCH_BYTES = 16 * 1024
-#: The smallest packets every path must carry: IPv4's 576 (RFC 791), IPv6's 1280 (RFC 8200).
-MIN_PACKET = {4: 576, 6: 1280}
-#: IP and TCP headers below the MSS (options are counted in the MSS).
-HEADERS = {4: 40, 6: 60}
+if TYPE_CHECKING:
+    from rallypoint.rendezvous.peers import PeerTable
 
 log = logging.getLogger("rallypoint.rendezvous")
 
-#: Window kinds, by the name of the held port they open on.
-WINDOW_KINDS = ("master", "jax", "tf", "probe")
-
-
-class Target(msgspec.Struct, frozen=True):
-    """One connection to try: a peer's port of one kind at the address its name gave here."""
-
-    kind: str  # "master", "tf" or "probe"
-    rank: int
-    host: str
-    address: str
-    port: int
+#: A probe started ahead of the others (its peer's name passed first).
+Probing = asyncio.Task[probe.Outcome]
 
 
 def plan(
@@ -112,271 +78,87 @@ def pick_address(resolved: Sequence[str], reported: Sequence[str]) -> str | None
     return resolved[0] if resolved else None
 
 
-class Windows:
-    """Listening windows on this node's held ports, all answered by one probe listener.
+class Report(Protocol):
+    """Where the connections' outcomes go next: the report to the master (clustercheck.py)."""
 
-    A window that cannot open because something already listens on the port (the job's
-    own TCPStore or TF server, after a generation change) is *busy*: peers then see a
-    foreign answer there, which the master excuses for that port (ClusterVerdict.excused).
+    def trying(self, count: int) -> None: ...
+
+    def settled(
+        self, failures: Sequence[Reason], links: Sequence[links.LinkStat] | None = None
+    ) -> None: ...
+
+
+class Connections:
+    """A generation's third step: try the connections the job will make, hand on each round.
+
+    A peer whose name passed is probed at once (``name_passed``), while other names are still
+    checked; those outcomes count in the first round of ``start``, once every name passed and
+    the env derived: the same targets, since both pick the address from the same resolution.
     """
-
-    def __init__(self, held: Mapping[str, HeldPort], listener: probe.ProbeListener) -> None:
-        self.held = held
-        self.listener = listener
-        self.busy: frozenset[str] = frozenset()
-        self.state: dict[str, str] = {kind: "closed" for kind in held if kind in WINDOW_KINDS}
-        self._open = False
-
-    async def open(self) -> None:
-        """Open every window that is not open yet; idempotent."""
-        if self._open:
-            return
-        self._open = True
-        busy = set()
-        for kind, held in self.held.items():
-            if kind not in WINDOW_KINDS:
-                continue
-            try:
-                sockets = held.listen()
-            except PortError as exc:
-                log.info("window_busy", extra={"kind": kind, "port": held.port, "error": str(exc)})
-                busy.add(kind)
-                self.state[kind] = "busy"
-                continue
-            await self.listener.serve(sockets)
-            self.state[kind] = "open"
-        self.busy = frozenset(busy)
-
-    async def close(self) -> None:
-        """Close every window (the holds stay); idempotent."""
-        if not self._open:
-            return
-        self._open = False
-        await self.listener.close()
-        self.state = dict.fromkeys(self.state, "closed")
-        self.busy = frozenset()
-
-
-class Prober:
-    """Runs one document's targets until all pass, reporting the failing set as it changes."""
 
     def __init__(
         self,
+        prober: Prober | None,
         spec: ClusterSpec,
-        settings: Settings,
+        doc: ClusterDoc,
         *,
-        auth: Authenticator,
-        metrics: Metrics,
-        route: probe.ProbeRoute,
-        rng: random.Random,
+        peers: PeerTable,
+        frameworks: frozenset[str],
+        report: Report,
     ) -> None:
         self.spec = spec
-        self.settings = settings
-        self.auth = auth
-        self.metrics = metrics
-        self.route = route
-        self._rng = rng
-        self._slots = asyncio.Semaphore(settings.probe_workers)
-        #: The links measured in the current run, by peer rank (links.measured_peers).
-        self.links: dict[int, links.LinkStat] = {}
-        self._measure = frozenset(
-            links.measured_peers(spec.nnodes, spec.rank) if settings.throughput else ()
+        self.doc = doc
+        self._prober = prober
+        self._peers = peers
+        self._frameworks = frameworks
+        self._report = report
+        self._early: dict[Target, Probing] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def name_passed(self, rank: int, res: names.Resolution) -> None:
+        """A peer's name passed: try its connections now."""
+        if self._prober is None:
+            return
+        address = pick_address(res.addresses, self.doc.members[rank].addresses)
+        if address is None:
+            return
+        for target in self._plan([rank], {rank: address}):
+            if target not in self._early:
+                self._early[target] = self._prober.start(target)
+
+    def names_again(self) -> None:
+        """The names are checked again: drop the probes started on their last check."""
+        for task in self._early.values():
+            task.cancel()
+        self._early.clear()
+
+    def start(self) -> None:
+        """Every name passed: try each connection until none fails; no prober, this node passed."""
+        prober = self._prober
+        if prober is None:
+            self._report.settled([])
+            return
+        ranks = self._peers.in_scope()
+        resolutions = {rank: self._peers[rank].resolution for rank in ranks}
+        targets = self._plan(ranks, verified_addresses(self.doc, ranks, resolutions))
+        self._report.trying(len(targets))
+
+        def probed(failed: list[Reason]) -> None:
+            log.debug("probes_done", extra={"failed": len(failed)})
+            self._report.settled(failed, list(prober.links.values()))
+
+        self._task = asyncio.create_task(prober.run(targets, probed, started=self._early))
+
+    async def close(self) -> None:
+        """Stop every probe of this step; closing twice is safe."""
+        self.names_again()
+        await cancel_quietly(self._task)
+
+    def _plan(self, ranks: Sequence[int], addresses: Mapping[int, str]) -> list[Target]:
+        frameworks = self._frameworks
+        return plan(
+            self.spec, self.doc, ranks, addresses, tf="tf" in frameworks, jax="jax" in frameworks
         )
-
-    def start(self, target: Target) -> asyncio.Task[probe.Outcome]:
-        """Probe one target now, ahead of run() (its name passed before the others')."""
-        return asyncio.ensure_future(self._one(target))
-
-    async def run(
-        self,
-        targets: Sequence[Target],
-        on_change: Callable[[list[Reason]], None],
-        started: Mapping[Target, asyncio.Task[probe.Outcome]] | None = None,
-    ) -> None:
-        """Probe every target; retry the failing ones until none fails (or cancelled).
-
-        The first round takes the outcome of a probe already ``started`` for a target.
-        """
-        self.links = {}
-        failing = await self._round(targets, started)
-        on_change(list(failing.values()))
-        # Half jitter: a floor of half the ceiling keeps retries of a failing port spaced out.
-        backoff = Backoff(
-            self.settings.backoff_initial_s,
-            self.settings.backoff_max_s,
-            jitter="half",
-            rng=self._rng,
-        )
-        while failing:
-            await backoff.sleep()
-            retried = await self._round(list(failing))
-            if retried != failing:
-                on_change(list(retried.values()))
-            failing = retried
-
-    async def _round(
-        self,
-        targets: Sequence[Target],
-        started: Mapping[Target, asyncio.Task[probe.Outcome]] | None = None,
-    ) -> dict[Target, Reason]:
-        early = started or {}
-        outcomes = await asyncio.gather(*(early.get(t) or self._one(t) for t in targets))
-        failing: dict[Target, Reason] = {}
-        for target, outcome in zip(targets, outcomes, strict=True):
-            reason = self._judge(target, outcome)
-            if reason is not None:
-                failing[target] = reason
-        return failing
-
-    def _judge(self, t: Target, outcome: probe.Outcome) -> Reason | None:
-        """The failure an outcome stands for (None: passed); records a measured link."""
-        source, target = (self.spec.rank, self.spec.host), (t.rank, t.host, t.address)
-        if outcome.cause == "path_mtu":
-            mtu = None if outcome.transfer is None else outcome.transfer.route_mtu
-            return path_mtu_reason(source, target, int(outcome.detail), mtu)
-        if outcome.cause == "stalled":
-            return stalled_reason(source, target, t.port, outcome.detail)
-        if not outcome.ok:
-            return unreachable_reason(source, target, t.kind, t.port, outcome.cause, outcome.detail)
-        link = outcome.link
-        if link is None:
-            return None
-        self.links[t.rank] = link
-        self._export(t.host, link)
-        floor = self.settings.min_link_mbps
-        slowest = min(link.up_mbps, link.down_mbps)
-        if floor is not None and slowest < floor:
-            return slow_link_failure(source, (t.rank, t.host), slowest, floor)
-        return None
-
-    def _export(self, host: str, link: links.LinkStat) -> None:
-        metrics = self.metrics
-        metrics.link_mbps.labels(host, "up").set(link.up_mbps)
-        metrics.link_mbps.labels(host, "down").set(link.down_mbps)
-        for direction, share in (("up", link.up_retrans), ("down", link.down_retrans)):
-            if share is not None:
-                metrics.link_retrans.labels(host, direction).set(share)
-        if link.rtt_ms is not None:
-            metrics.link_rtt.labels(host).set(link.rtt_ms / 1000)
-
-    def _measures(self, target: Target) -> bool:
-        """Whether ``target`` is a link this node measures (links.measured_peers)."""
-        return target.kind == "probe" and target.rank in self._measure
-
-    def _data(self, target: Target) -> datapath.DataRequest | None:
-        """What the probe of ``target`` moves: nothing on ports other than the probe port."""
-        if target.kind != "probe":
-            return None
-        size = self.settings.throughput_bytes if self._measures(target) else datapath.PATH_BYTES
-        return datapath.DataRequest(
-            up=size,
-            down=size,
-            stall_s=self.settings.probe_timeout_s,
-            budget_s=self.settings.throughput_budget_s,
-        )
-
-    async def _probe(self, target: Target, data: datapath.DataRequest | None) -> probe.Outcome:
-        address, port = self.route(target.host, target.address, target.port)
-        async with self._slots:
-            outcome = await probe.probe(
-                address,
-                port,
-                session=self.spec.session,
-                auth=self.auth,
-                rank=target.rank,
-                host=target.host,
-                timeout_s=self.settings.probe_timeout_s,
-                data=data,
-            )
-        if outcome.transfer is not None:
-            self.metrics.probe_bytes.labels("sent").inc(outcome.transfer.up_bytes)
-            self.metrics.probe_bytes.labels("received").inc(outcome.transfer.down_bytes)
-        return outcome
-
-    async def _search(self, target: Target, low: int, high: int) -> int | None:
-        """The largest packet in [low, high] that crosses to ``target`` and back, or None."""
-        family = 6 if ":" in target.address else 4
-        stall_s = min(self.settings.probe_timeout_s, 1.0)
-
-        async def passes(size: int) -> bool:
-            request = datapath.DataRequest(
-                up=SEARCH_BYTES,
-                down=SEARCH_BYTES,
-                stall_s=stall_s,
-                budget_s=max(stall_s * 2, 1.0),
-                mss=size - HEADERS[family],
-            )
-            outcome = await self._probe(target, request)
-            return outcome.ok and outcome.transfer is not None and outcome.transfer.complete
-
-        return await datapath.largest_passing(low, high, passes)
-
-    async def _measured(self, target: Target, first: probe.Outcome) -> probe.Outcome:
-        """``first`` with its link's figures: the best legs of up to MEASURES transfers."""
-        transfers = [first.transfer] if first.transfer is not None else []
-        spent = first.elapsed_s
-        while (
-            len(transfers) < MEASURES
-            and spent < REMEASURE_WITHIN_S
-            and all(t.complete for t in transfers)
-        ):
-            again = await self._probe(target, self._data(target))
-            spent += again.elapsed_s
-            if not again.ok or again.transfer is None:
-                break
-            transfers.append(again.transfer)
-        if not transfers:
-            return first
-        best_up = max(transfers, key=lambda t: t.up_mbps)
-        best_down = max(transfers, key=lambda t: t.down_mbps)
-        rtts = [t.rtt_us for t in transfers if t.rtt_us is not None]
-        link = links.LinkStat(
-            peer=target.rank,
-            up_mbps=best_up.up_mbps,
-            down_mbps=best_down.down_mbps,
-            up_retrans=_share([(t.up_retrans_bytes, t.up_sent) for t in transfers]),
-            down_retrans=_share([(t.peer_retrans, t.peer_sent) for t in transfers]),
-            rtt_ms=min(rtts) / 1000 if rtts else None,
-            bytes=min(best_up.up_bytes, best_down.down_bytes),
-            complete=all(t.complete for t in transfers),
-        )
-        return msgspec.structs.replace(first, link=link)
-
-    async def _one(self, target: Target) -> probe.Outcome:
-        outcome = await self._probe(target, self._data(target))
-        if outcome.ok and self._measures(target):
-            outcome = await self._measured(target, outcome)
-        if outcome.cause == "stalled" and outcome.transfer is not None:
-            # Connected and answered, then data stopped: find the packet size that passes,
-            # up to the MTU of the route this very connection took.
-            family = 6 if ":" in target.address else 4
-            low = MIN_PACKET[family]
-            route = max(outcome.transfer.route_mtu or 1500, low)
-            top = min(route, datapath.MAX_MSS + HEADERS[family])
-            size = await self._search(target, low, top)
-            if size is not None and size < top:
-                outcome = probe.Outcome("path_mtu", str(size), outcome.elapsed_s, outcome.transfer)
-        self.metrics.probes_sent.labels(target.kind, outcome.cause).inc()
-        if not outcome.ok:
-            log.debug(
-                "probe_failed",
-                extra={
-                    "kind": target.kind,
-                    "host": target.host,
-                    "address": target.address,
-                    "port": target.port,
-                    "cause": outcome.cause,
-                },
-            )
-        return outcome
-
-
-def _share(parts: Sequence[tuple[int | None, int | None]]) -> float | None:
-    """Retransmitted over sent bytes, summed over transfers (None: the kernel did not say)."""
-    if any(lost is None or sent is None for lost, sent in parts):
-        return None
-    sent = sum(s or 0 for _, s in parts)
-    return sum(lost or 0 for lost, _ in parts) / sent if sent else 0.0
 
 
 def verified_addresses(

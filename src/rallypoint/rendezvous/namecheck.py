@@ -1,15 +1,17 @@
-"""Verification of a cluster document: check the peer names this node needs, then derive its env."""
+"""A generation's first two steps: check the peer names this node needs, then derive its env."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from rallypoint import wire
 from rallypoint.core import names
+from rallypoint.core.backoff import Backoff
 from rallypoint.core.names import Resolution
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.model import ClusterDoc, Env, Member, OverrideSource
@@ -18,13 +20,29 @@ from rallypoint.reasons import Reason
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.served import derive
 
+if TYPE_CHECKING:
+    from rallypoint.rendezvous.connectivity import Connections
+
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
 
-#: Called with (document, peer host, reason) when a peer's first check fails.
-PeerFailure = Callable[[ClusterDoc, str, Reason], None]
-#: Called with (document, peer rank, resolution) as soon as a peer's name passed.
-PeerPassed = Callable[[ClusterDoc, int, Resolution], None]
+#: A node whose names or env failed judges them again after about this long.
+RECHECK_S = 2.0
+
+#: Called with (peer host, reason) when a peer's first check fails.
+PeerFailure = Callable[[str, Reason], None]
+#: Called with (peer rank, resolution) as soon as a peer's name passed.
+PeerPassed = Callable[[int, Resolution], None]
+
+
+class Report(Protocol):
+    """Where the names' outcome goes next: the report to the master (clustercheck.py)."""
+
+    net: wire.NetFacts
+
+    def peer_failed(self, host: str, reason: Reason) -> None: ...
+
+    async def failed(self, failures: Sequence[Reason], timeout_s: float) -> None: ...
 
 
 class Checked(msgspec.Struct, frozen=True):
@@ -48,20 +66,36 @@ class Checked(msgspec.Struct, frozen=True):
 class NameCheck:
     """Checks the names of one spec's peers (retrying until the deadline) and derives the env."""
 
-    def __init__(
-        self,
-        ctx: NodeContext,
-        *,
-        user: Mapping[str, tuple[str, OverrideSource]],
-        on_peer_failure: PeerFailure,
-        on_peer_passed: PeerPassed | None = None,
-    ) -> None:
+    def __init__(self, ctx: NodeContext, *, user: Mapping[str, tuple[str, OverrideSource]]) -> None:
         self.ctx = ctx
         self.user = user
-        self._on_peer_failure = on_peer_failure
-        self._on_peer_passed = on_peer_passed
 
-    async def check(self, doc: ClusterDoc) -> Checked:
+    async def until_passed(self, doc: ClusterDoc, report: Report, connections: Connections) -> Env:
+        """Check the names and derive the env until both pass, reporting each failure.
+
+        A peer's first failure is reported at once, and a peer whose name passed is handed to
+        the connection checks at once (connectivity.Connections.name_passed).
+        """
+        # A steady pause between half and all of RECHECK_S, so nodes do not judge in lockstep.
+        recheck = Backoff(RECHECK_S, RECHECK_S, jitter="half", rng=self.ctx.rng)
+        while True:
+            connections.names_again()
+            checked = await self.check(doc, report.peer_failed, connections.name_passed)
+            log.debug("names_checked", extra={"failures": len(checked.failures)})
+            self.ctx.readiness.verify_warnings = [checked.warning] if checked.warning else []
+            report.net = checked.net
+            outcome = checked.failures[0] if checked.failures else self.derive(doc, checked)
+            if not isinstance(outcome, Reason):
+                return outcome
+            # Tell the master, then judge again after a pause: a fixed /etc/hosts entry or a
+            # late DNS record turns the cluster ready without a restart (a poke or a re-join
+            # retries at once).
+            await report.failed(checked.failures or [outcome], self.ctx.settings.resolve_timeout_s)
+            await recheck.sleep()
+
+    async def check(
+        self, doc: ClusterDoc, on_failure: PeerFailure, on_passed: PeerPassed
+    ) -> Checked:
         """Resolve our own name and every peer name in scope; what failed and why."""
         spec = self.ctx.spec
         ranks = names.scope_ranks(
@@ -72,7 +106,7 @@ class NameCheck:
         # Our own name beside the peers' (one round of resolver threads, not two).
         own, *results = await asyncio.gather(
             self._check_own(doc.members[spec.rank]),
-            *(self._verify_peer(doc, doc.members[r]) for r in peers),
+            *(self._verify_peer(doc.members[r], on_failure, on_passed) for r in peers),
         )
         failures = [r for r in (self._peer_reason(res) for res in results) if r is not None]
         master_ip = self._master_address(doc, own)
@@ -139,16 +173,18 @@ class NameCheck:
         user = self.user.get("GLOO_SOCKET_IFNAME")
         return user[0] if user is not None else None
 
-    async def _verify_peer(self, doc: ClusterDoc, member: Member) -> Resolution:
+    async def _verify_peer(
+        self, member: Member, on_failure: PeerFailure, on_passed: PeerPassed
+    ) -> Resolution:
         expected = member.addresses or None
         res = await resolve.check(
             self.ctx.resolver, member.host, expected, timeout_s=self.ctx.settings.resolve_timeout_s
         )
-        reason = self._record_peer(doc, member, res)
+        reason = self._record_peer(member, res, on_passed)
         if reason is None:
             return res
         # Show the first failure at once; the retries below may take until the deadline.
-        self._on_peer_failure(doc, member.host, reason)
+        on_failure(member.host, reason)
         res = await resolve.verify(
             self.ctx.resolver,
             member.host,
@@ -160,16 +196,16 @@ class NameCheck:
             clock=self.ctx.clock,
             accept_loopback=self.ctx.accept_loopback,
         )
-        self._record_peer(doc, member, res)
+        self._record_peer(member, res, on_passed)
         return res
 
-    def _record_peer(self, doc: ClusterDoc, member: Member, res: Resolution) -> Reason | None:
+    def _record_peer(self, member: Member, res: Resolution, on_passed: PeerPassed) -> Reason | None:
         """Count and record a peer's resolution, telling the listener of a pass; why it failed."""
         self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
         reason = self._peer_reason(res)
         self.ctx.peers.resolved(member.rank, res, excused=self._excuse(res, reason))
-        if reason is None and self._on_peer_passed is not None:
-            self._on_peer_passed(doc, member.rank, res)
+        if reason is None:
+            on_passed(member.rank, res)
         return reason
 
     def _peer_reason(self, res: Resolution) -> Reason | None:

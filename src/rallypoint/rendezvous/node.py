@@ -32,13 +32,8 @@ from rallypoint.net.peerhttp import PeerClient, PeerEndpoint
 from rallypoint.net.ports import HeldPort
 from rallypoint.net.resolve import Resolver
 from rallypoint.reasons import Reason, discovering_reason
-from rallypoint.rendezvous import connectivity, status
-from rallypoint.rendezvous.clustercheck import (
-    Transport,
-    cancel_quietly,
-    http_transport,
-    local_transport,
-)
+from rallypoint.rendezvous import status
+from rallypoint.rendezvous.clustercheck import Transport, http_transport, local_transport
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.jobwatch import JobWatch
 from rallypoint.rendezvous.keepalive import Keepalive
@@ -46,9 +41,12 @@ from rallypoint.rendezvous.master import Master, poke_host
 from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.rendezvous.peerapi import PeerApi
 from rallypoint.rendezvous.peers import PeerTable
+from rallypoint.rendezvous.prober import Prober
+from rallypoint.rendezvous.race import cancel_quietly
 from rallypoint.rendezvous.readiness import Readiness
 from rallypoint.rendezvous.relay import Relay
 from rallypoint.rendezvous.verification import Verification
+from rallypoint.rendezvous.windows import Windows
 from rallypoint.rendezvous.worker import run_worker
 from rallypoint.settings import Settings
 from rallypoint.wire import fields
@@ -71,7 +69,7 @@ class Rendezvous(AsyncResource):
     jobs: JobWatch | None = None
     #: What the master, worker and verification share.
     ctx: NodeContext | None = None
-    windows: connectivity.Windows | None = None
+    windows: Windows | None = None
     #: Where the last accepted join reached the master's peer API (reports go there).
     master_target: tuple[str, int] | None = None
 
@@ -234,9 +232,7 @@ class Rendezvous(AsyncResource):
             self.status_sections["relay"] = self.relay.status
         self._spec_known.set()
 
-    def _connection_check(
-        self, spec: ClusterSpec
-    ) -> tuple[connectivity.Windows | None, connectivity.Prober | None]:
+    def _connection_check(self, spec: ClusterSpec) -> tuple[Windows | None, Prober | None]:
         """The probe windows and the prober, or neither when connections are not checked."""
         if not self.settings.probe:
             return None, None
@@ -247,7 +243,7 @@ class Rendezvous(AsyncResource):
             auth=self.auth,
             metrics=self.metrics,
         )
-        prober = connectivity.Prober(
+        prober = Prober(
             spec,
             self.settings,
             auth=self.auth,
@@ -255,7 +251,7 @@ class Rendezvous(AsyncResource):
             route=self._route,
             rng=self._rng,
         )
-        return connectivity.Windows(self.held, listener), prober
+        return Windows(self.held, listener), prober
 
     def _transport(self) -> Transport:
         """Where this node's reports go: the master's own book, or the master's peer API."""

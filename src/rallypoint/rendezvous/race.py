@@ -1,8 +1,9 @@
-"""A request raced against an event: the first to finish wins, the other is cancelled."""
+"""Tasks raced and stopped: a request against an event, a task cancelled whatever it raised."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -29,3 +30,12 @@ async def unless_set(request: Awaitable[T], event: asyncio.Event | None) -> asyn
                 waiting.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
     return task
+
+
+async def cancel_quietly(task: asyncio.Task[object] | None) -> None:
+    """Cancel ``task`` and wait for it, whatever it raised."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
