@@ -42,7 +42,7 @@ report_body = wire.encode_report(wire.Report(
     "session-1", "g1", 7, "node00007", False,
     failures=(Reason("unreachable", "node00009 refused", host="node00009", ranks=(9,)),),
     net=wire.NetFacts("eth0", 1500, False)))
-verdict = wire.Verdict("session-1", "g1", 3, False, pending=(1, 2, 3), pending_count=3)
+verdict = wire.Verdict("session-1", "g1", 3, False, (1, 2, 3), 3, (), 0, ())
 if dataclasses.is_dataclass(verdict):
     replace = dataclasses.replace
 else:

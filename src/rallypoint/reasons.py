@@ -9,7 +9,7 @@ import msgspec
 from rallypoint.errors import AuthError
 
 
-class Reason(msgspec.Struct, frozen=True):
+class Reason(msgspec.Struct, frozen=True, omit_defaults=True):
     """Why a node is not ready: a stable machine-readable code and a one-line remedy."""
 
     code: str
@@ -19,6 +19,7 @@ class Reason(msgspec.Struct, frozen=True):
     ranks: tuple[int, ...] = ()
 
     def as_json(self) -> dict[str, object]:
+        """Its JSON object, as peers (msgspec, omit_defaults) and the APIs carry it."""
         out: dict[str, object] = {"code": self.code, "message": self.message}
         if self.host is not None:
             out["host"] = self.host

@@ -144,7 +144,7 @@ def test_stamps_and_facts_round_trip_through_the_messages() -> None:
     stamp = ClockStamp(1_700_000_000.25, 1_700_000_000.5, "relay", NONCE)
     answer = wire.JoinAnswer("s", "ep", None, 1, 3, clock=stamp)
     assert wire.parse_join_answer(wire.encode_join_answer(answer)) == answer
-    verdict = wire.Verdict("s", "g", 1, False, clock=stamp)
+    verdict = wire.Verdict("s", "g", 1, False, (), 0, (), 0, (), clock=stamp)
     assert wire.parse_verdict(wire.encode_verdict(verdict)) == verdict
     report = wire.Report("s", "g", 2, "sub2", True, clock=ClockFacts(600.2, 0.0004, 3))
     assert wire.parse_report(wire.encode_report(report)) == report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 
@@ -13,7 +14,8 @@ from rallypoint.core import links
 from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
 from rallypoint.net import tcpinfo
-from rallypoint.wire.links import MAX_LINKS, link_json, links_from
+from rallypoint.wire.fields import dump
+from rallypoint.wire.links import MAX_LINKS, links_from
 
 HOSTS = tuple(f"n{r}" for r in range(16))
 
@@ -110,7 +112,20 @@ def test_measurements_naming_unknown_ranks_are_ignored() -> None:
 
 def test_links_round_trip_through_their_json() -> None:
     original = (LinkStat(3, 1234.5, 99.25, 0.01, None, 0.25, 4096, False),)
-    assert links_from([link_json(x) for x in original], "report") == original
+    assert links_from(json.loads(dump(original)), "report") == original
+
+
+def test_a_measured_link_is_kept_at_the_precision_its_wire_form_carries() -> None:
+    exact = LinkStat(3, 1234.56789, 0.0004, 0.0123456, None, 0.2501, 4096)
+    rounded = exact.rounded()
+    assert (rounded.up_mbps, rounded.down_mbps, rounded.up_retrans, rounded.rtt_ms) == (
+        1234.568,
+        0.0,
+        0.01235,
+        0.25,
+    )
+    assert rounded.down_retrans is None and rounded.bytes == 4096
+    assert json.loads(dump(rounded))["up_mbps"] == 1234.568
 
 
 @pytest.mark.parametrize(
@@ -135,7 +150,7 @@ def test_bad_links_from_a_peer_name_the_field(item: object, field: str) -> None:
 
 def test_too_many_links_are_refused() -> None:
     with pytest.raises(PeerMessageError, match="at most"):
-        links_from([link_json(link(1))] * (MAX_LINKS + 1), "report")
+        links_from(json.loads(dump([link(1)] * (MAX_LINKS + 1))), "report")
 
 
 def test_tcp_info_fields_are_read_at_their_offsets_and_missing_ones_are_none() -> None:

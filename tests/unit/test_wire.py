@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from rallypoint import wire
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
+from rallypoint.reasons import Reason
 from rallypoint.wire import cluster, fields
 
 MEMBERS = (
@@ -186,3 +187,53 @@ def test_the_coordinator_port_round_trips_and_is_checked() -> None:
     body["members"][0]["jax_port"] = 70000
     with pytest.raises(PeerMessageError, match="jax_port"):
         cluster.parse_cluster_doc(json.dumps(body).encode())
+
+
+def test_a_join_carries_the_members_fields_beside_the_session() -> None:
+    body = json.loads(wire.encode_join(wire.JoinRequest("sess", MEMBERS[1], None)))
+    assert body == {
+        "session": "sess",
+        "generation_seen": None,
+        "rank": 1,
+        "host": "node1.example.com",
+        "addresses": ["10.0.0.2", "fd00::2"],
+        "tf_port": None,
+        "jax_port": None,
+        "probe_port": None,
+    }
+
+
+def test_fields_at_their_defaults_are_left_out_as_older_peers_sent_them() -> None:
+    report = wire.Report("sess", "g.1", 1, "node1", True)
+    assert set(json.loads(wire.encode_report(report))) == {
+        "session",
+        "generation",
+        "rank",
+        "host",
+        "passed",
+    }
+    assert wire.parse_report(wire.encode_report(report)) == report
+    verdict = wire.Verdict("sess", "g.1", 2, False, (1,), 1, (), 0, ())
+    body = json.loads(wire.encode_verdict(verdict))
+    assert "clock" not in body and body["pending"] == [1] and body["warnings"] == []
+
+
+def test_equal_messages_are_equal_bytes_with_sorted_keys() -> None:
+    def report(busy: list[str]) -> bytes:
+        return wire.encode_report(
+            wire.Report("sess", "g.1", 1, "node1", False, busy=frozenset(busy))
+        )
+
+    first, second = report(["tf", "jax", "probe"]), report(["probe", "jax", "tf"])
+    assert first == second
+    data = json.loads(first)
+    assert data["busy"] == ["jax", "probe", "tf"]
+    assert list(data) == sorted(data)
+
+
+def test_a_reason_in_any_language_round_trips() -> None:
+    failure = Reason("port_busy", "Port 29500 est occupé · 端口被占用", "node1", None, (1,))
+    report = wire.Report("sess", "g.1", 1, "node1", False, failures=(failure,))
+    body = wire.encode_report(report)
+    assert json.loads(body)["failures"] == [failure.as_json()]
+    assert wire.parse_report(body).failures == (failure,)

@@ -6,7 +6,7 @@ over rank order plus a second ring with a stride of about sqrt(N) (all pairs up 
 ALL_PAIRS_MAX nodes): 2N links at most, so the cost grows linearly with N, and every node
 is an end of at least four links (two up to ALL_PAIRS_MAX), so a bad node shows as a node
 whose every link is bad while a bad link shows alone (docs/readiness.md, "Data path").
-A link's wire form is wire/links.py's.
+A link's wire form is its fields (msgspec encodes it); wire/links.py reads it back, within limits.
 """
 
 from __future__ import annotations
@@ -41,6 +41,21 @@ class LinkStat(msgspec.Struct, frozen=True):
     #: Bytes moved each way; less than asked when the transfer ran out of time.
     bytes: int = 0
     complete: bool = True
+
+    def rounded(self) -> LinkStat:
+        """This link at the precision its wire form carries: kbit/s, 1e-5 of a share, us."""
+        return msgspec.structs.replace(
+            self,
+            up_mbps=round(self.up_mbps, 3),
+            down_mbps=round(self.down_mbps, 3),
+            up_retrans=_round(self.up_retrans, 5),
+            down_retrans=_round(self.down_retrans, 5),
+            rtt_ms=_round(self.rtt_ms, 3),
+        )
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def stride(nnodes: int) -> int:

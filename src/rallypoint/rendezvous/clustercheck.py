@@ -16,6 +16,8 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+import msgspec
+
 from rallypoint import wire
 from rallypoint.core.backoff import Backoff
 from rallypoint.core.links import LinkStat
@@ -27,7 +29,6 @@ from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.rendezvous.race import unless_set
 from rallypoint.rendezvous.verdict import stale_generation
 from rallypoint.settings import Settings
-from rallypoint.wire.links import link_json
 
 log = logging.getLogger("rallypoint.rendezvous")
 
@@ -291,7 +292,7 @@ class GenerationCheck:
             },
             "report_problem": None if self.problem is None else self.problem.as_json(),
             "links": [
-                {"host": self.spec.hosts[link.peer], **link_json(link)}
+                {"host": self.spec.hosts[link.peer], **msgspec.structs.asdict(link)}
                 for link in self.links
                 if link.peer < self.spec.nnodes
             ],

@@ -239,7 +239,7 @@ class Prober:
             rtt_ms=min(rtts) / 1000 if rtts else None,
             bytes=min(best_up.up_bytes, best_down.down_bytes),
             complete=all(t.complete for t in transfers),
-        )
+        ).rounded()
         return msgspec.structs.replace(first, link=link)
 
     async def _one(self, target: Target) -> probe.Outcome:

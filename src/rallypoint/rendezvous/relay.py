@@ -41,7 +41,7 @@ def _facts(report: wire.Report) -> object:
 
 
 def _member_size(member: Member) -> int:
-    return len(dump(wire.member_json(member)))
+    return len(dump(member))
 
 
 def _report_size(report: wire.Report) -> int:

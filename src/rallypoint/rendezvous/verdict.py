@@ -20,7 +20,6 @@ from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.waits import wait_until
-from rallypoint.wire.links import link_json
 
 #: Failure codes a busy window excuses: the job already listens on that port (see excused).
 _WINDOW_CODES = {
@@ -198,7 +197,7 @@ class ClusterVerdict:
             pending_count=len(pending),
             failures=tuple(failures[: wire.MAX_FAILURES]),
             failure_count=len(failures),
-            warnings=warnings,
+            warnings=warnings[: wire.MAX_FAILURES],
         )
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
@@ -290,7 +289,7 @@ class ClusterVerdict:
                     {
                         "from": hosts[rank],
                         "to": hosts[link.peer],
-                        **link_json(link),
+                        **msgspec.structs.asdict(link),
                         "warnings": sorted(codes),
                     }
                 )

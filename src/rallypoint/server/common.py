@@ -14,7 +14,6 @@ from rallypoint.errors import AuthError, JoinRejected, PeerMessageError
 from rallypoint.reasons import auth_reason
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.wire.fields import dump
-from rallypoint.wire.stamps import stamp_json
 
 # The server logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.server")
@@ -95,7 +94,7 @@ async def clock_refusal(
     }
     stamp = node.offsets.stamp(received, request.headers.get(NONCE_HEADER))
     if stamp is not None:
-        out["clock"] = stamp_json(stamp)
+        out["clock"] = stamp
     payload = dump(out)
     headers = dict(NO_STORE)
     headers.update(node.auth.sign(f"401 {request.path}", payload))

@@ -2,7 +2,10 @@
 
 Everything a peer sends is untrusted input. Each parser checks the size first, then the
 JSON shape, then every field, and returns a frozen value or raises PeerMessageError naming
-the field at fault; it never returns a half-validated value. The rules for single fields are
+the field at fault; it never returns a half-validated value. msgspec writes every message
+from its struct (fields.dump); the answers' and reports' fields at their defaults are left
+out (omit_defaults), as peers that predate them sent them, and every parser reads an absent
+field as its default. The rules for single fields are
 in wire/fields.py; the cluster document, made of the members a join carries, in wire/cluster.py;
 a measured link's in wire/links.py.
 """
@@ -32,15 +35,8 @@ from rallypoint.wire.fields import (
     reasons,
     session,
 )
-from rallypoint.wire.links import link_json, links_from
-from rallypoint.wire.stamps import (
-    ClockFacts,
-    ClockStamp,
-    facts_from,
-    facts_json,
-    stamp_from,
-    stamp_json,
-)
+from rallypoint.wire.links import links_from
+from rallypoint.wire.stamps import ClockFacts, ClockStamp, facts_from, stamp_from
 
 #: Largest join or poke body accepted (a join carries at most MAX_ADDRESSES addresses).
 MAX_JOIN_BYTES = 16 * 1024
@@ -57,7 +53,7 @@ class JoinRequest(msgspec.Struct, frozen=True):
     generation_seen: str | None = None
 
 
-class JoinAnswer(msgspec.Struct, frozen=True):
+class JoinAnswer(msgspec.Struct, frozen=True, omit_defaults=True):
     """The master's answer to a join: its epoch (new on every master start) and progress."""
 
     session: str
@@ -77,12 +73,12 @@ class Poke(msgspec.Struct, frozen=True):
 
 
 def encode_join(request: JoinRequest) -> bytes:
-    """The JSON body of a join request."""
+    """The JSON body of a join request: the member's fields beside the session's."""
     return dump(
         {
             "session": request.session,
-            **member_json(request.member),
             "generation_seen": request.generation_seen,
+            **msgspec.structs.asdict(request.member),
         }
     )
 
@@ -100,16 +96,7 @@ def parse_join(body: bytes) -> JoinRequest:
 
 def encode_join_answer(answer: JoinAnswer) -> bytes:
     """The JSON body of the master's join answer."""
-    out: dict[str, object] = {
-        "session": answer.session,
-        "epoch": answer.epoch,
-        "generation": answer.generation,
-        "joined": answer.joined,
-        "nnodes": answer.nnodes,
-    }
-    if answer.clock is not None:
-        out["clock"] = stamp_json(answer.clock)
-    return dump(out)
+    return dump(answer)
 
 
 def parse_join_answer(body: bytes) -> JoinAnswer:
@@ -129,7 +116,7 @@ def parse_join_answer(body: bytes) -> JoinAnswer:
 
 def encode_poke(poke: Poke) -> bytes:
     """The JSON body of a poke."""
-    return dump({"session": poke.session, "epoch": poke.epoch})
+    return dump(poke)
 
 
 def parse_poke(body: bytes) -> Poke:
@@ -160,7 +147,7 @@ class NetFacts(msgspec.Struct, frozen=True):
     rdma: bool = False
 
 
-class Report(msgspec.Struct, frozen=True):
+class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     """A node's POST /v1/report: its checks of one generation, and the verdict it saw last."""
 
     session: str
@@ -180,44 +167,25 @@ class Report(msgspec.Struct, frozen=True):
     clock: ClockFacts | None = None
 
 
-class Verdict(msgspec.Struct, frozen=True):
+class Verdict(msgspec.Struct, frozen=True, omit_defaults=True):
     """The master's cluster-wide verdict on one generation."""
 
     session: str
     generation: str
     version: int
     verified: bool
-    pending: tuple[int, ...] = ()
-    pending_count: int = 0
-    failures: tuple[Reason, ...] = ()
-    failure_count: int = 0
-    warnings: tuple[str, ...] = ()
-    #: The answering node's clock, stamped per answer (wire/stamps.py).
+    pending: tuple[int, ...]
+    pending_count: int
+    failures: tuple[Reason, ...]
+    failure_count: int
+    warnings: tuple[str, ...]
+    #: The answering node's clock, stamped per answer (wire/stamps.py); left out when None.
     clock: ClockStamp | None = None
 
 
 def encode_report(report: Report) -> bytes:
-    """The JSON body of POST /v1/report."""
-    return dump(report_json(report))
-
-
-def report_json(report: Report) -> dict[str, object]:
-    """A report as the JSON object POST /v1/report and a relay's batch carry."""
-    out: dict[str, object] = {
-        "session": report.session,
-        "generation": report.generation,
-        "rank": report.rank,
-        "host": report.host,
-        "passed": report.passed,
-        "failures": [f.as_json() for f in report.failures[:MAX_FAILURES]],
-        "busy": sorted(report.busy),
-        "net": {"ifname": report.net.ifname, "mtu": report.net.mtu, "rdma": report.net.rdma},
-        "seen": report.seen,
-        "links": [link_json(link) for link in report.links],
-    }
-    if report.clock is not None:
-        out["clock"] = facts_json(report.clock)
-    return out
+    """The JSON body of POST /v1/report (a node lists at most MAX_FAILURES failures)."""
+    return dump(report)
 
 
 def parse_report(body: bytes) -> Report:
@@ -260,21 +228,8 @@ def report_from(data: Mapping[str, object]) -> Report:
 
 
 def encode_verdict(verdict: Verdict) -> bytes:
-    """The JSON body of the master's answer to a report."""
-    out: dict[str, object] = {
-        "session": verdict.session,
-        "generation": verdict.generation,
-        "version": verdict.version,
-        "verified": verdict.verified,
-        "pending": list(verdict.pending[:MAX_PENDING]),
-        "pending_count": verdict.pending_count,
-        "failures": [f.as_json() for f in verdict.failures[:MAX_FAILURES]],
-        "failure_count": verdict.failure_count,
-        "warnings": list(verdict.warnings[:MAX_FAILURES]),
-    }
-    if verdict.clock is not None:
-        out["clock"] = stamp_json(verdict.clock)
-    return dump(out)
+    """The JSON body of the master's answer to a report (the verdict holds its own limits)."""
+    return dump(verdict)
 
 
 def parse_verdict(body: bytes) -> Verdict:
@@ -302,18 +257,6 @@ def parse_verdict(body: bytes) -> Verdict:
         warnings=tuple(warnings),
         clock=stamp_from(data.get("clock"), "verdict"),
     )
-
-
-def member_json(member: Member) -> dict[str, object]:
-    """A member as the JSON object joins, batches and cluster documents carry."""
-    return {
-        "rank": member.rank,
-        "host": member.host,
-        "addresses": list(member.addresses),
-        "tf_port": member.tf_port,
-        "jax_port": member.jax_port,
-        "probe_port": member.probe_port,
-    }
 
 
 def member_from(data: Mapping[str, object], where: str) -> Member:

@@ -1,8 +1,8 @@
 """Pure codec of a relay's batches: its group's joins and its group's reports, for the master.
 
-A batch carries the same JSON objects as the single messages (wire.member_json,
-wire.report_json), so the master checks every item with the rules it applies to a direct
-join or report. Batches stay under MAX_BATCH_BYTES: a relay cuts larger ones (chunks()).
+A batch carries the same JSON objects as the single messages (a Member, a wire.Report), so
+the master checks every item with the rules it applies to a direct join or report. Batches
+stay under MAX_BATCH_BYTES: a relay cuts larger ones (chunks()).
 """
 
 from __future__ import annotations
@@ -49,13 +49,7 @@ class ReportBatch(msgspec.Struct, frozen=True):
 
 
 def encode_join_batch(batch: JoinBatch) -> bytes:
-    return dump(
-        {
-            "session": batch.session,
-            "relay": batch.relay,
-            "members": [wire.member_json(m) for m in batch.members],
-        }
-    )
+    return dump(batch)
 
 
 def parse_join_batch(body: bytes) -> JoinBatch:
@@ -70,16 +64,7 @@ def parse_join_batch(body: bytes) -> JoinBatch:
 
 
 def encode_report_batch(batch: ReportBatch) -> bytes:
-    return dump(
-        {
-            "session": batch.session,
-            "generation": batch.generation,
-            "relay": batch.relay,
-            "seen": batch.seen,
-            "hold": batch.hold,
-            "reports": [wire.report_json(r) for r in batch.reports],
-        }
-    )
+    return dump(batch)
 
 
 def parse_report_batch(body: bytes) -> ReportBatch:

@@ -1,6 +1,6 @@
 """Pure codec of the cluster document (GET /v1/cluster): every member of one generation.
 
-Its members are the same JSON objects a join carries (wire.member_json, wire.member_from);
+Its members are the same JSON objects a join carries (a Member's fields; wire.member_from);
 the parser also checks the document as a whole: ranks 0..N-1 in order, unique hosts, and the
 master as rank 0. A large document travels gzipped to the askers that accept it.
 """
@@ -18,15 +18,7 @@ MAX_DOC_BYTES = 8 * 1024 * 1024
 
 def encode_cluster_doc(doc: ClusterDoc) -> bytes:
     """The JSON body of GET /v1/cluster."""
-    return dump(
-        {
-            "session": doc.session,
-            "generation": doc.generation,
-            "master_host": doc.master_host,
-            "master_port": doc.master_port,
-            "members": [wire.member_json(m) for m in doc.members],
-        }
-    )
+    return dump(doc)
 
 
 def parse_cluster_doc(body: bytes) -> ClusterDoc:

@@ -10,7 +10,8 @@ import ipaddress
 import json
 import math
 import re
-from collections.abc import Mapping
+
+import msgspec
 
 from rallypoint.core import names
 from rallypoint.errors import PeerMessageError
@@ -124,7 +125,11 @@ def integer(value: object, name: str, low: int, high: int) -> int:
 
 
 def load(body: bytes, limit: int, what: str) -> dict[str, object]:
-    """The JSON object in ``body``, at most ``limit`` bytes; ``what`` names the message."""
+    """The JSON object in ``body``, at most ``limit`` bytes; ``what`` names the message.
+
+    Read by json.loads, which takes NaN and Infinity, so that ``number`` refuses them naming
+    the field; msgspec writes what peers send (``dump``), the rules here read it back.
+    """
     if len(body) > limit:
         raise PeerMessageError(f"{what}: {len(body)} bytes is over the limit of {limit}")
     try:
@@ -136,6 +141,13 @@ def load(body: bytes, limit: int, what: str) -> dict[str, object]:
     return data
 
 
-def dump(data: Mapping[str, object]) -> bytes:
-    """Compact, key-sorted JSON (signatures cover these exact bytes)."""
-    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+def dump(message: object) -> bytes:
+    """A message struct (or a JSON object) as compact JSON, its fields and keys sorted.
+
+    The peer messages are msgspec Structs whose fields are their wire form; signatures cover
+    these exact bytes. Sets are written sorted, so equal messages are equal bytes.
+    """
+    return _ENCODER.encode(message)
+
+
+_ENCODER = msgspec.json.Encoder(order="sorted")

@@ -1,7 +1,8 @@
 """Pure: a measured link's wire form, as reports, /status and the master's views carry it.
 
-The link and what its measurements say are core/links.py's; this is its one JSON object,
-written by ``link_json`` and read back, within limits, by ``links_from``.
+The link and what its measurements say are core/links.py's; its JSON object is its fields
+(msgspec writes them, LinkStat.rounded keeps them at wire precision), read back here, within
+limits, by ``links_from``.
 """
 
 from __future__ import annotations
@@ -18,20 +19,6 @@ MAX_LINKS = 64
 MAX_MBPS = 1e7
 #: Longest round trip accepted, ms (an hour).
 MAX_RTT_MS = 3.6e6
-
-
-def link_json(link: LinkStat) -> dict[str, object]:
-    """One link as the JSON object a report carries (``links_from`` reads it back)."""
-    return {
-        "peer": link.peer,
-        "up_mbps": round(link.up_mbps, 3),
-        "down_mbps": round(link.down_mbps, 3),
-        "up_retrans": None if link.up_retrans is None else round(link.up_retrans, 5),
-        "down_retrans": None if link.down_retrans is None else round(link.down_retrans, 5),
-        "rtt_ms": None if link.rtt_ms is None else round(link.rtt_ms, 3),
-        "bytes": link.bytes,
-        "complete": link.complete,
-    }
 
 
 def links_from(data: object, where: str) -> tuple[LinkStat, ...]:

@@ -31,12 +31,12 @@ SOURCES = ("master", "relay")
 _NONCE = re.compile(r"[0-9a-f]{32}")
 
 
-class ClockStamp(msgspec.Struct, frozen=True):
+class ClockStamp(msgspec.Struct, frozen=True, omit_defaults=True):
     """An answer's clock: when its request arrived and when it left (Unix seconds)."""
 
     received: float
     answered: float
-    source: str = "master"
+    source: str
     #: The request's nonce (with a token): proves the answer was made for that request.
     nonce: str | None = None
 
@@ -48,18 +48,6 @@ class ClockFacts(msgspec.Struct, frozen=True):
     rtt_s: float
     samples: int
     source: str = "master"
-
-
-def stamp_json(stamp: ClockStamp) -> dict[str, object]:
-    """A stamp as the JSON object answers carry."""
-    out: dict[str, object] = {
-        "received": stamp.received,
-        "answered": stamp.answered,
-        "source": stamp.source,
-    }
-    if stamp.nonce is not None:
-        out["nonce"] = stamp.nonce
-    return out
 
 
 def stamp_from(value: object, where: str) -> ClockStamp | None:
@@ -78,16 +66,6 @@ def stamp_from(value: object, where: str) -> ClockStamp | None:
     if nonce is not None and (not isinstance(nonce, str) or not _NONCE.fullmatch(nonce)):
         raise PeerMessageError(f"{where}: clock.nonce must be 32 hex digits")
     return ClockStamp(received, answered, source(value.get("source"), where), nonce)
-
-
-def facts_json(facts: ClockFacts) -> dict[str, object]:
-    """Clock facts as the JSON object a report carries."""
-    return {
-        "offset_s": facts.offset_s,
-        "rtt_s": facts.rtt_s,
-        "samples": facts.samples,
-        "source": facts.source,
-    }
 
 
 def facts_from(value: object, where: str) -> ClockFacts | None:
