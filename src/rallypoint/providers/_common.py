@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from rallypoint.core import names
 from rallypoint.core.names import HostProblem
@@ -33,6 +33,16 @@ def get(environ: Mapping[str, str], key: str) -> str | None:
         return None
     value = value.strip()
     return value or None
+
+
+def detected_by(key: str) -> Callable[[Mapping[str, str]], bool]:
+    """A provider's ``detects`` for the variable it is known by: set and not blank."""
+
+    def detects(environ: Mapping[str, str]) -> bool:
+        return get(environ, key) is not None
+
+    detects.__doc__ = f"True when {key} is set and not blank."
+    return detects
 
 
 def require(environ: Mapping[str, str], key: str, why: str) -> str:

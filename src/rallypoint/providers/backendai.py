@@ -19,6 +19,7 @@ from rallypoint.providers._common import (
     build,
     check_nnodes,
     choose_session,
+    detected_by,
     digest,
     get,
     get_int,
@@ -47,9 +48,8 @@ _NAMED = re.compile(r"([a-z]+)([0-9]{1,9})")
 _ROLE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 
 
-def detects(environ: Mapping[str, str]) -> bool:
-    """True when BACKENDAI_CLUSTER_HOSTS is set and not blank."""
-    return get(environ, HOSTS) is not None
+#: True when BACKENDAI_CLUSTER_HOSTS is set and not blank.
+detects = detected_by(HOSTS)
 
 
 def role_of(host: str) -> tuple[str, int] | None:

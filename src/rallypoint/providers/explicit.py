@@ -9,6 +9,7 @@ from rallypoint.model import ClusterSpec
 from rallypoint.providers._common import (
     build,
     check_nnodes,
+    detected_by,
     find_host,
     get,
     get_int,
@@ -27,9 +28,8 @@ NODE_RANK = "RALLYPOINT_NODE_RANK"
 MASTER = "RALLYPOINT_MASTER"
 
 
-def detects(environ: Mapping[str, str]) -> bool:
-    """True when RALLYPOINT_HOSTS is set and not blank."""
-    return get(environ, HOSTS) is not None
+#: True when RALLYPOINT_HOSTS is set and not blank.
+detects = detected_by(HOSTS)
 
 
 def read(environ: Mapping[str, str]) -> ClusterSpec:

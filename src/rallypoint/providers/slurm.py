@@ -12,6 +12,7 @@ from rallypoint.providers._common import (
     build,
     check_nnodes,
     choose_session,
+    detected_by,
     find_host,
     get,
     get_int,
@@ -30,9 +31,8 @@ JOB_ID = "SLURM_JOB_ID"
 NODENAME = "SLURMD_NODENAME"
 
 
-def detects(environ: Mapping[str, str]) -> bool:
-    """True when SLURM_JOB_NODELIST is set and not blank."""
-    return get(environ, NODELIST) is not None
+#: True when SLURM_JOB_NODELIST is set and not blank.
+detects = detected_by(NODELIST)
 
 
 def read(environ: Mapping[str, str]) -> ClusterSpec:
