@@ -54,12 +54,6 @@ def report(exc: Exception, verbose: bool) -> int:
     return exit_code(exc)
 
 
-def interrupted() -> int:
-    """Print an interrupt (Ctrl-C) as click does for a command; its exit code."""
-    click.echo(err=True)  # closes the terminal's ^C echo
-    return _fail("interrupted", EXIT_INTERRUPTED)
-
-
 # Raised by click >= 8.2 when the group runs without a command; older clicks print the help.
 _NoArgsIsHelp: type[click.UsageError] | tuple[()] = getattr(
     click.exceptions, "NoArgsIsHelpError", ()
