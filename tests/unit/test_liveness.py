@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from rallypoint.core.jobs import JobState
 from rallypoint.core.liveness import Down, Watch, status, warning
 from rallypoint.errors import PeerMessageError
 from rallypoint.wire import alive as wirealive
+from rallypoint.wire import jobs as wirejobs
 
 HOSTS = ("m", "a", "b", "c")
 
@@ -146,6 +150,27 @@ def test_codec_round_trips() -> None:
     assert wirealive.parse_alive(wirealive.encode_alive(alive)) == alive
     answer = wirealive.AliveAnswer("s", 0, (Down(1, "a", 5.0, "refused", "d", "m"),), 1)
     assert wirealive.parse_answer(wirealive.encode_answer(answer)) == answer
+
+
+def test_messages_carry_values_at_wire_precision_and_within_limits() -> None:
+    job = JobState(2, "b", "lost", 1_700_000_000.123456, 1_700_000_001.98765, detail="x" * 400)
+    alive = wirealive.Alive("s", 2, "b", ((3, 1.23456),), job=job, jobs=(job,))
+    body = json.loads(wirealive.encode_alive(alive))
+    assert body["heard"] == [[3, 1.235]] and body["first"] is None
+    for carried in (body["job"], body["jobs"][0]):
+        assert carried["started"] == 1_700_000_000.123 and carried["since"] == 1_700_000_001.988
+        assert len(carried["detail"]) == wirejobs.MAX_DETAIL and "code" not in carried
+    assert alive.job is not None and alive.job.started == 1_700_000_000.123456  # kept exact
+    downs = tuple(
+        Down(r, f"n{r}", 1e9, "silent", "y" * 400, "m") for r in range(wirealive.MAX_DOWN + 3)
+    )
+    answer = wirealive.AliveAnswer("s", 0, downs, len(downs), counts=(("running", 3),))
+    data = json.loads(wirealive.encode_answer(answer))
+    assert len(data["down"]) == wirealive.MAX_DOWN and data["total"] == len(downs)
+    assert data["down"][0]["for_s"] == wirealive.MAX_AGE_S
+    assert len(data["down"][0]["detail"]) == wirealive.MAX_DETAIL
+    assert data["counts"] == {"running": 3} and data["jobs"] is None
+    assert wirealive.parse_answer(wirealive.encode_answer(answer)).counts == (("running", 3),)
 
 
 @pytest.mark.parametrize(

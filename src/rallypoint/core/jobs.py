@@ -32,7 +32,7 @@ LOST_EXIT_CODE = 75
 STOP_SIGNALS = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP)
 
 
-class JobState(msgspec.Struct, frozen=True):
+class JobState(msgspec.Struct, frozen=True, omit_defaults=True):
     """One node's job: its state, since when (the master's clock), and how it ended."""
 
     rank: int

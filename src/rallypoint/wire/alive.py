@@ -71,18 +71,15 @@ class AliveAnswer(msgspec.Struct, frozen=True):
 
 
 def encode_alive(alive: Alive) -> bytes:
-    """The JSON body of a keep-alive."""
+    """The JSON body of a keep-alive: ages to the millisecond, job states as peers carry them."""
     return dump(
-        {
-            "session": alive.session,
-            "rank": alive.rank,
-            "host": alive.host,
-            "heard": [[rank, round(age, 3)] for rank, age in alive.heard],
-            "job": None if alive.job is None else wirejobs.encode(alive.job),
-            "jobs": wirejobs.encode_all(alive.jobs),
-            "first": None if alive.first is None else wirejobs.encode(alive.first),
-            "jobs_seen": alive.jobs_seen,
-        }
+        msgspec.structs.replace(
+            alive,
+            heard=tuple((rank, round(age, 3)) for rank, age in alive.heard),
+            job=_cut(alive.job),
+            jobs=wirejobs.cut_all(alive.jobs),
+            first=_cut(alive.first),
+        )
     )
 
 
@@ -119,30 +116,23 @@ def parse_alive(body: bytes) -> Alive:
 
 
 def encode_answer(answer: AliveAnswer) -> bytes:
-    """The JSON body of the answer."""
-    return dump(
-        {
-            "session": answer.session,
-            "rank": answer.rank,
-            "total": answer.total,
-            "down": [
-                {
-                    "rank": d.rank,
-                    "host": d.host,
-                    "for_s": round(min(d.for_s, MAX_AGE_S), 3),
-                    "cause": d.cause,
-                    "detail": d.detail[:MAX_DETAIL],
-                    "seen_by": d.seen_by,
-                }
-                for d in answer.down[:MAX_DOWN]
-            ],
-            "boot": answer.boot,
-            "first": None if answer.first is None else wirejobs.encode(answer.first),
-            "jobs_version": answer.jobs_version,
-            "jobs": None if answer.jobs is None else wirejobs.encode_all(answer.jobs),
-            "counts": dict(answer.counts),
-        }
+    """The JSON body of the answer, within its limits; ``counts`` as an object."""
+    carried = msgspec.structs.replace(
+        answer,
+        down=tuple(
+            msgspec.structs.replace(
+                d, for_s=round(min(d.for_s, MAX_AGE_S), 3), detail=d.detail[:MAX_DETAIL]
+            )
+            for d in answer.down[:MAX_DOWN]
+        ),
+        first=_cut(answer.first),
+        jobs=None if answer.jobs is None else wirejobs.cut_all(answer.jobs),
     )
+    return dump({**msgspec.structs.asdict(carried), "counts": dict(answer.counts)})
+
+
+def _cut(job: JobState | None) -> JobState | None:
+    return None if job is None else wirejobs.cut(job)
 
 
 def parse_answer(body: bytes) -> AliveAnswer:
