@@ -8,7 +8,6 @@ local API's POST /job. Both are untrusted input, checked field by field.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 import msgspec
 
@@ -41,11 +40,6 @@ def cut(job: JobState) -> JobState:
 def cut_all(jobs: Sequence[JobState]) -> tuple[JobState, ...]:
     """Several states, as peers carry them."""
     return tuple(cut(job) for job in jobs)
-
-
-def encode(job: JobState) -> dict[str, object]:
-    """A state as the JSON object peers send (``parse`` reads it back)."""
-    return cast(dict[str, object], msgspec.to_builtins(cut(job)))
 
 
 def parse(value: object, at: str) -> JobState:
