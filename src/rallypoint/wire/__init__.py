@@ -5,9 +5,9 @@ JSON shape, then every field, and returns a frozen value or raises PeerMessageEr
 the field at fault; it never returns a half-validated value. msgspec writes every message
 from its struct (fields.dump); the answers' and reports' fields at their defaults are left
 out (omit_defaults), as peers that predate them sent them, and every parser reads an absent
-field as its default. The rules for single fields are
-in wire/fields.py; the cluster document, made of the members a join carries, in wire/cluster.py;
-a measured link's in wire/links.py.
+field as its default. The rules for single fields are in wire/fields.py; the cluster
+document, made of the members a join carries, in wire/cluster.py; a measured link's in
+wire/links.py.
 """
 
 from __future__ import annotations
