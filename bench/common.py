@@ -13,11 +13,14 @@ import json
 import math
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +88,19 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 # --- local sidecars ---------------------------------------------------------------------------
+
+
+@contextmanager
+def workdir(prefix: str) -> Iterator[Path]:
+    """A fresh temporary directory for a run's logs: removed when the run ends well, kept
+    (and its path printed) when it raises, so that a failed run's logs can be read."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    except BaseException:
+        print(f"logs kept in {path}", file=sys.stderr)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -100,72 +99,71 @@ def main() -> None:
         p.error("--against needs --starts-only")
     if args.quick:
         args.starts, args.requests = 5, 20_000
-    tmp = Path(tempfile.mkdtemp(prefix="rp-bench-"))
-
-    byte_compile(common.REPO / "src")
-    mdns_env = MDNS_ENV[args.mdns] if args.mdns else {}
-    side_env = common.quiet_environ(mdns_env)
-    other_env = None
-    if args.against:
-        byte_compile(args.against / "src")
-        other_env = common.quiet_environ(
-            {"PYTHONPATH": str(args.against.resolve() / "src"), **mdns_env}
-        )
-
-    def serve_argv(local_port: int, peer_port: int) -> list[str]:
-        argv = common.serve_argv(local_port, peer_port)
-        if args.mdns:
-            argv[argv.index("--no-mdns")] = "--mdns"
-            argv += ["--mdns-interface", "lo"]
-        return argv
-
-    # Start-up, interleaved with the bare server so both see the same machine load.
-    side_starts, bare_starts, other_starts = [], [], []
-    body = tmp / "env.json"
-    body.write_text('{"MASTER_ADDR": "127.0.0.1"}')
-    for i in range(args.starts):
-        lp, pp = common.free_port(), common.free_port()
-        side_starts.append(start_time(serve_argv(lp, pp), lp, "/livez", env=side_env))
-        bp = common.free_port()
-        bare_starts.append(
-            start_time(
-                [sys.executable, str(common.BENCH_DIR / "bare_server.py"), str(bp), str(body)],
-                bp,
-                "/env",
+    with common.workdir("rp-bench-") as tmp:
+        byte_compile(common.REPO / "src")
+        mdns_env = MDNS_ENV[args.mdns] if args.mdns else {}
+        side_env = common.quiet_environ(mdns_env)
+        other_env = None
+        if args.against:
+            byte_compile(args.against / "src")
+            other_env = common.quiet_environ(
+                {"PYTHONPATH": str(args.against.resolve() / "src"), **mdns_env}
             )
-        )
-        line = (
-            f"start {i}: sidecar {side_starts[-1] * 1000:6.0f} ms, "
-            f"bare aiohttp {bare_starts[-1] * 1000:6.0f} ms"
-        )
-        if other_env is not None:
+
+        def serve_argv(local_port: int, peer_port: int) -> list[str]:
+            argv = common.serve_argv(local_port, peer_port)
+            if args.mdns:
+                argv[argv.index("--no-mdns")] = "--mdns"
+                argv += ["--mdns-interface", "lo"]
+            return argv
+
+        # Start-up, interleaved with the bare server so both see the same machine load.
+        side_starts, bare_starts, other_starts = [], [], []
+        body = tmp / "env.json"
+        body.write_text('{"MASTER_ADDR": "127.0.0.1"}')
+        for i in range(args.starts):
             lp, pp = common.free_port(), common.free_port()
-            argv = serve_argv(lp, pp)
-            other_starts.append(start_time(argv, lp, "/livez", env=other_env))
-            line += f", --against {other_starts[-1] * 1000:6.0f} ms"
-        print(line)
+            side_starts.append(start_time(serve_argv(lp, pp), lp, "/livez", env=side_env))
+            bp = common.free_port()
+            bare_starts.append(
+                start_time(
+                    [sys.executable, str(common.BENCH_DIR / "bare_server.py"), str(bp), str(body)],
+                    bp,
+                    "/env",
+                )
+            )
+            line = (
+                f"start {i}: sidecar {side_starts[-1] * 1000:6.0f} ms, "
+                f"bare aiohttp {bare_starts[-1] * 1000:6.0f} ms"
+            )
+            if other_env is not None:
+                lp, pp = common.free_port(), common.free_port()
+                argv = serve_argv(lp, pp)
+                other_starts.append(start_time(argv, lp, "/livez", env=other_env))
+                line += f", --against {other_starts[-1] * 1000:6.0f} ms"
+            print(line)
 
-    if args.starts_only:
-        report_starts(
-            side_starts, bare_starts, args.starts, other_starts, args.against, mdns=args.mdns
-        )
-        return
+        if args.starts_only:
+            report_starts(
+                side_starts, bare_starts, args.starts, other_starts, args.against, mdns=args.mdns
+            )
+            return
 
-    # Memory: idle once ready, then after the requests.
-    lp, pp = common.free_port(), common.free_port()
-    proc = common.spawn(common.serve_argv(lp, pp), log=tmp / "sidecar.log")
-    try:
-        common.wait_status(lp, "/readyz")
-        time.sleep(1.0)
-        idle = common.memory_kib(proc.pid)
-        cpu_idle = common.cpu_seconds(proc.pid)
-        served = 0
-        while served < args.requests:
-            served += int(wrk(lp, 16, 2)["requests"])
-        loaded = common.memory_kib(proc.pid)
-        cpu_loaded = common.cpu_seconds(proc.pid)
-    finally:
-        common.stop(proc)
+        # Memory: idle once ready, then after the requests.
+        lp, pp = common.free_port(), common.free_port()
+        proc = common.spawn(common.serve_argv(lp, pp), log=tmp / "sidecar.log")
+        try:
+            common.wait_status(lp, "/readyz")
+            time.sleep(1.0)
+            idle = common.memory_kib(proc.pid)
+            cpu_idle = common.cpu_seconds(proc.pid)
+            served = 0
+            while served < args.requests:
+                served += int(wrk(lp, 16, 2)["requests"])
+            loaded = common.memory_kib(proc.pid)
+            cpu_loaded = common.cpu_seconds(proc.pid)
+        finally:
+            common.stop(proc)
 
     start = common.summary(side_starts, 1000)
     bare = common.summary(bare_starts, 1000)

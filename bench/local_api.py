@@ -16,8 +16,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import common
 
@@ -48,46 +46,46 @@ def main() -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install wrk")
 
-    tmp = Path(tempfile.mkdtemp(prefix="rp-bench-"))
-    side_port, peer_port, bare_port = common.free_port(), common.free_port(), common.free_port()
-    sidecar = common.spawn(
-        common.serve_argv(side_port, peer_port), cpus="0", log=tmp / "sidecar.log"
-    )
-    bare = None
-    try:
-        common.wait_status(side_port, "/readyz")
-        status, body = common.get(side_port, "/env")
-        assert status == 200, body
-        (tmp / "env.json").write_bytes(body)
-        bare = common.spawn(
-            [sys.executable, str(common.BENCH_DIR / "bare_server.py"), str(bare_port),
-             str(tmp / "env.json")], cpus="0")  # fmt: skip
-        common.wait_status(bare_port, "/env")
-        _, bare_body = common.get(bare_port, "/env")
-        assert len(bare_body) == len(body)
-        # Warm both up (first requests pay for lazy imports and allocations).
-        wrk(side_port, 16, 1)
-        wrk(bare_port, 16, 1)
-        runs: dict[int, list[dict[str, dict[str, float]]]] = {c: [] for c in CONNECTIONS}
-        for rnd in range(args.rounds):
-            for conns in CONNECTIONS:
-                order = ("sidecar", "bare") if rnd % 2 == 0 else ("bare", "sidecar")
-                pair = {}
-                for name in order:
-                    pair[name] = wrk(
-                        side_port if name == "sidecar" else bare_port, conns, args.duration
+    with common.workdir("rp-bench-") as tmp:
+        side_port, peer_port, bare_port = common.free_port(), common.free_port(), common.free_port()
+        sidecar = common.spawn(
+            common.serve_argv(side_port, peer_port), cpus="0", log=tmp / "sidecar.log"
+        )
+        bare = None
+        try:
+            common.wait_status(side_port, "/readyz")
+            status, body = common.get(side_port, "/env")
+            assert status == 200, body
+            (tmp / "env.json").write_bytes(body)
+            bare = common.spawn(
+                [sys.executable, str(common.BENCH_DIR / "bare_server.py"), str(bare_port),
+                 str(tmp / "env.json")], cpus="0")  # fmt: skip
+            common.wait_status(bare_port, "/env")
+            _, bare_body = common.get(bare_port, "/env")
+            assert len(bare_body) == len(body)
+            # Warm both up (first requests pay for lazy imports and allocations).
+            wrk(side_port, 16, 1)
+            wrk(bare_port, 16, 1)
+            runs: dict[int, list[dict[str, dict[str, float]]]] = {c: [] for c in CONNECTIONS}
+            for rnd in range(args.rounds):
+                for conns in CONNECTIONS:
+                    order = ("sidecar", "bare") if rnd % 2 == 0 else ("bare", "sidecar")
+                    pair = {}
+                    for name in order:
+                        pair[name] = wrk(
+                            side_port if name == "sidecar" else bare_port, conns, args.duration
+                        )
+                    runs[conns].append(pair)
+                    s, b = pair["sidecar"], pair["bare"]
+                    print(
+                        f"round {rnd} c={conns:3d}: sidecar {s['rps']:8.0f} rps "
+                        f"p99 {s['p99_us'] / 1000:6.2f} ms | bare {b['rps']:8.0f} rps "
+                        f"p99 {b['p99_us'] / 1000:6.2f} ms | ratio {s['rps'] / b['rps']:.2f}"
                     )
-                runs[conns].append(pair)
-                s, b = pair["sidecar"], pair["bare"]
-                print(
-                    f"round {rnd} c={conns:3d}: sidecar {s['rps']:8.0f} rps "
-                    f"p99 {s['p99_us'] / 1000:6.2f} ms | bare {b['rps']:8.0f} rps "
-                    f"p99 {b['p99_us'] / 1000:6.2f} ms | ratio {s['rps'] / b['rps']:.2f}"
-                )
-    finally:
-        common.stop(sidecar)
-        if bare is not None:
-            common.stop(bare)
+        finally:
+            common.stop(sidecar)
+            if bare is not None:
+                common.stop(bare)
 
     table = []
     for conns in CONNECTIONS:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -235,8 +234,7 @@ def main() -> None:
     cells: list[dict[str, Any]] = []
     port = 29600
     for subnet in args.subnets:
-        workdir = Path(tempfile.mkdtemp(prefix="rp-loopback-"))
-        with subnet_cluster(subnet, workdir) as cluster:
+        with common.workdir("rp-loopback-") as workdir, subnet_cluster(subnet, workdir) as cluster:
             for launcher in args.launchers:
                 for pattern in args.patterns:
                     for ifname in IFNAMES:

@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -137,7 +136,6 @@ def simulate(
     names = [f"w{i}" for i in range(1, workers + 1)]
     if real_relay is not None:
         names[real_relay - 1] = "relay1"
-    workdir = Path(tempfile.mkdtemp(prefix="rp-sim-"))
 
     def environ_for(cluster: Cluster, node: Node) -> dict[str, str]:
         return {
@@ -147,14 +145,17 @@ def simulate(
             "RALLYPOINT_TOKEN": TOKEN,
         }
 
-    cluster = Cluster(
-        ("main1", "sim1", "relay1") if real_relay is not None else ("main1", "sim1"),
-        workdir,
-        sidecar_args=MASTER_ARGS,
-        environ_for=environ_for,
-        session=f"bench-{os.getpid()}",
-    )
-    with cluster:
+    hosts = ("main1", "sim1", "relay1") if real_relay is not None else ("main1", "sim1")
+    with (
+        common.workdir("rp-sim-") as workdir,
+        Cluster(
+            hosts,
+            workdir,
+            sidecar_args=MASTER_ARGS,
+            environ_for=environ_for,
+            session=f"bench-{os.getpid()}",
+        ) as cluster,
+    ):
         master, sim = cluster["main1"], cluster["sim1"]
         extra = "".join(f"{sim.address}\t{name}\n" for name in names)
         master.write_hosts(cluster.hosts_text({}) + extra)

@@ -39,7 +39,6 @@ import os
 import resource
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -184,10 +183,13 @@ def store_clients(args: argparse.Namespace) -> None:
 
 
 def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="rp-store-"))
-    cluster = Cluster(("main1", "sim1"), workdir, session=f"store-{os.getpid()}", sidecar_args=())
     me = str(Path(__file__).resolve())
-    with cluster:
+    with (
+        common.workdir("rp-store-") as workdir,
+        Cluster(
+            ("main1", "sim1"), workdir, session=f"store-{os.getpid()}", sidecar_args=()
+        ) as cluster,
+    ):
         master, sim = cluster["main1"], cluster["sim1"]
         for node in (master, sim):
             # torch's client and server reverse-resolve every peer address (for their log

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import common
 
@@ -171,8 +169,10 @@ def each_cluster(sizes: list[int], benchmark: str, prefix: str) -> Iterator[tupl
     sweep_stale()
     for n in sizes:
         hosts = ["main1", *(f"sub{i}" for i in range(1, n))]
-        workdir = Path(tempfile.mkdtemp(prefix=prefix))
-        with Cluster(hosts, workdir, sidecar_env={"RALLYPOINT_TOKEN": TOKEN}) as cluster:
+        with (
+            common.workdir(prefix) as workdir,
+            Cluster(hosts, workdir, sidecar_env={"RALLYPOINT_TOKEN": TOKEN}) as cluster,
+        ):
             yield n, cluster
 
 
