@@ -10,6 +10,7 @@ from collections.abc import Generator, Iterator
 import pytest
 
 from rallypoint.cli import logs
+from tests.support import quiet
 from tests.support.mdns import LOOPBACK_MDNS_TESTS, loopback_multicast_works
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -74,11 +75,45 @@ def _tier_rank(item: pytest.Item) -> int:
     return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
 
 
+#: Tiers whose tests start processes (sidecars, real frameworks, containers, Slurm steps) or
+#: keep a core busy: side by side, a ``quiet_machine`` test does not run beside them.
+BUSY_TIERS = ("multihost", "compose", "slurm", "monitoring", "hardening")
+
+
+def _start_rank(item: pytest.Item) -> tuple[bool, int]:
+    """Measuring tests first (they wait for no busy test then), the rest by ``TIER_ORDER``."""
+    return item.get_closest_marker("quiet_machine") is None, _tier_rank(item)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller of a side-by-side run makes the lock its workers share (support/quiet)."""
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        quiet.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        quiet.finish()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Side by side, a ``quiet_machine`` test runs with no busy test beside it
+    (tests/support/quiet.py); setup and teardown included."""
+    if item.get_closest_marker("quiet_machine") is not None:
+        with quiet.hold(exclusive=True):
+            return (yield)
+    if _tier(item) in BUSY_TIERS:
+        with quiet.hold(exclusive=False):
+            return (yield)
+    return (yield)
+
+
 @pytest.hookimpl(wrapper=True)  # around xdist's hook, which reads the groups off the markers
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> Generator[None, None, None]:
-    items.sort(key=_tier_rank)  # stable: each module's tests stay together, in file order
+    items.sort(key=_start_rank)  # stable: each module's tests stay together, in file order
     for item in items:
         group = side_by_side_group(item)
         if group is not None:

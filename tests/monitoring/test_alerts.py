@@ -45,6 +45,7 @@ def scrape(node: Node, path: str, prometheus: prom.Prometheus) -> Reply:
     return http_get(prometheus.ns, node.address, METRICS_PORT, path)
 
 
+@pytest.mark.quiet_machine  # nothing to warn of only on an unstarved host
 def test_a_healthy_cluster_fires_nothing_and_warns_of_nothing(
     make_monitored: MakeMonitored, promtool: str
 ) -> None:

@@ -45,6 +45,7 @@ def data_path_warnings(node: Node) -> list[str]:
     return [w for w in node.status()["warnings"] if pattern.search(w)]
 
 
+@pytest.mark.quiet_machine  # a clean cluster's links measure clean only on an unstarved host
 def test_a_clean_cluster_measures_every_link_without_a_warning(
     cluster: Cluster, torch_script: Path
 ) -> None:
