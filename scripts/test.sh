@@ -2,10 +2,10 @@
 # Runs every test tier on a fresh machine: system set-up (as root), a venv, lint, types, tests.
 # Locally a tier whose prerequisites are missing is skipped with the reason; with CI=true it fails.
 #
-# The tests run one after another; RALLYPOINT_TEST_WORKERS=4 runs them side by side on four
-# pytest-xdist workers (the tiers that share one cluster or server on one worker each,
-# tests/conftest.py), in about 60 % of the time on two cores, but with the cores full the
-# data-path checks measure a starved machine and warn (docs/testing.md).
+# The tests run side by side on four pytest-xdist workers (--dist loadgroup): the tiers that
+# share one cluster or server on one worker each, and the few tests that measure the machine
+# with no busy test beside them (tests/conftest.py, tests/support/quiet.py; docs/testing.md).
+# RALLYPOINT_TEST_WORKERS=0 runs them one after another; any pytest flag is passed on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -37,4 +37,4 @@ if [ "$(id -u)" = 0 ] && docker info >/dev/null 2>&1; then
     bash scripts/build-images.sh
 fi
 echo "set-up, lint, types and images took $((SECONDS - started)) s; the tests follow" >&2
-exec python -m pytest -ra -n "${RALLYPOINT_TEST_WORKERS:-0}" --dist loadgroup "$@"
+exec python -m pytest -ra -n "${RALLYPOINT_TEST_WORKERS:-4}" --dist loadgroup "$@"
