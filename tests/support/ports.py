@@ -15,22 +15,27 @@ DEFAULT_RANGE = (30000, 32700)
 
 
 class PortPool:
-    """Hands out ports nothing is bound to, each once until most of its range is used.
+    """Hands out ports nothing is bound to, none twice while most of its range lasts.
 
     A port is bound only when the node it was handed out for starts. Drawn with
     replacement, two nodes of one test got the same port about once per few hundred
-    clusters, so the pool remembers what it handed out.
+    clusters, so the pool remembers what it handed out. When most of the range has been
+    handed out it forgets the older half only: the ports of the test still taking them
+    (not yet bound, so the bind check cannot see them) stay handed out.
     """
 
     def __init__(self) -> None:
-        self.handed_out: set[int] = set()
+        self.handed_out: dict[int, None] = {}  # in the order handed out
 
     def take(self, host: str, low: int, high: int) -> int:
+        size = high - low + 1
         candidates = [port for port in range(low, high + 1) if port not in self.handed_out]
-        if len(candidates) < (high - low + 1) // 4:
-            # Most of the range was handed out: the tests those ports were for have ended.
-            self.handed_out.difference_update(range(low, high + 1))
-            candidates = list(range(low, high + 1))
+        if len(candidates) < size // 4:
+            # Most of the range was handed out: the tests the older ports were for have ended.
+            in_range = [port for port in self.handed_out if low <= port <= high]
+            for port in in_range[: len(in_range) - size // 2]:
+                del self.handed_out[port]
+            candidates = [port for port in range(low, high + 1) if port not in self.handed_out]
         random.shuffle(candidates)
         for port in candidates[:200]:
             with socket.socket() as sock:
@@ -38,7 +43,7 @@ class PortPool:
                     sock.bind((host, port))
                 except OSError:
                     continue
-            self.handed_out.add(port)
+            self.handed_out[port] = None
             return port
         raise AssertionError(f"no free port in {low}-{high}")
 
