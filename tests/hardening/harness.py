@@ -113,7 +113,8 @@ async def start_node(
     hosts = tuple(hosts)
     ports = peer_ports if peer_ports is not None else {}
     for host in hosts:
-        ports.setdefault(host, free_port())
+        if host not in ports:  # not setdefault: it would take a port for every given host
+            ports[host] = free_port()
     local_port = free_port()
     if resolver is None:
         resolver = FakeResolver({host: ["127.0.0.1"] for host in hosts})
