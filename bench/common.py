@@ -256,6 +256,16 @@ def write_summary(name: str, data: Mapping[str, Any]) -> Path:
     return path
 
 
+def can_plot(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop at once, not after the run, when the figure asked for cannot be drawn."""
+    if args.no_plot:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        p.error("matplotlib is not installed: pip install -e '.[bench]', or pass --no-plot")
+
+
 def pyplot() -> Any:
     """matplotlib.pyplot with the file-only backend (installed by the `bench` extra)."""
     import matplotlib

@@ -93,6 +93,7 @@ def main() -> None:
         "so nothing leaves this host), as this node of a two-host list",
     )
     args = p.parse_args()
+    common.can_plot(p, args)
     if args.mdns and not args.starts_only:
         p.error("--mdns needs --starts-only")
     if args.against and not args.starts_only:

@@ -19,6 +19,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2000)
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
+    common.can_plot(p, args)
     if args.quick:
         args.workers, args.runs = 500, 1
     reason = simcluster.prerequisites()

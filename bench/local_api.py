@@ -41,6 +41,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
     args = p.parse_args()
+    common.can_plot(p, args)
     if args.quick:
         args.rounds, args.duration = 1, 2
     if shutil.which("wrk") is None:

@@ -50,6 +50,7 @@ def main() -> None:
         "both are interleaved run by run",
     )
     args = p.parse_args()
+    common.can_plot(p, args)
     sim_cpus = frozenset(int(c) for c in args.sim_cpus.split(","))
     if args.quick:
         args.sizes, args.runs = [64, 512], 1

@@ -317,6 +317,7 @@ def main() -> None:
     if args.role == "clients":
         store_clients(args)
         return
+    common.can_plot(p, args)
     if args.quick:
         args.sizes, args.runs = [256], 1
     reason = simcluster.prerequisites()

@@ -182,6 +182,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--wait", type=float, default=10.0, help="seconds the others wait first")
     args = p.parse_args()
+    common.can_plot(p, args)
     if args.quick:
         args.sizes, args.runs, args.wait = [2, 4], 2, 3.0
     table = []
