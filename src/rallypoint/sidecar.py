@@ -15,7 +15,7 @@ from rallypoint import providers, server
 from rallypoint.auth import Authenticator
 from rallypoint.core.clock import ClockEstimate
 from rallypoint.core.lifecycle import AsyncResource
-from rallypoint.errors import ClusterSpecError, PortError, TFConfigError
+from rallypoint.errors import ClusterSpecError, ConfigError, PortError, TFConfigError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, OverrideSource, master_ports
 from rallypoint.net import netinfo, ports, resolve
@@ -65,7 +65,8 @@ class Sidecar(AsyncResource):
         self._addresses = None if addresses is None else tuple(addresses)
         self._endpoint = endpoint
         self._route = route
-        self._avoid = frozenset(avoid_ports)
+        #: Never handed to the job: its own APIs' ports, and the ports the caller names.
+        self._avoid = frozenset(avoid_ports) | self._api_ports().keys()
         self._stack: AsyncExitStack | None = None
         self._node: Rendezvous | None = None
         self._mdns: Mdns | None = None
@@ -225,6 +226,7 @@ class Sidecar(AsyncResource):
             text, source = user["MASTER_PORT"]
             wanted = overrides.user_port(text)
             if wanted is not None:
+                self._not_an_api_port(f"MASTER_PORT={wanted} (from {source})", wanted)
                 # The user's port must be exactly that port: never fall back to another, and
                 # never refuse it for lying in the ephemeral range (the user chose it).
                 try:
@@ -254,6 +256,10 @@ class Sidecar(AsyncResource):
             except TFConfigError:
                 wanted = None  # check_values refused it before this point
             if wanted is not None:
+                self._not_an_api_port(
+                    f"JAX_COORDINATOR_ADDRESS={text} (from {source}) names port {wanted}, which",
+                    wanted,
+                )
                 try:
                     return ports.reserve([wanted], settings.port_range, avoid=avoid, exact=True)
                 except PortError as exc:
@@ -262,6 +268,27 @@ class Sidecar(AsyncResource):
                         f"which cannot be held on this node: {exc}; free it or unset the variable"
                     ) from exc
         return ports.reserve([settings.jax_port], settings.port_range, avoid=avoid)
+
+    def _api_ports(self) -> dict[int, str]:
+        """The ports this sidecar's own listeners take, each with what it is and its setting."""
+        settings = self.settings
+        own = {
+            settings.local_port: "local API (RALLYPOINT_LOCAL_PORT)",
+            settings.peer_port: "peer API (RALLYPOINT_PEER_PORT)",
+        }
+        if settings.metrics_port is not None:
+            own[settings.metrics_port] = "metrics listener (RALLYPOINT_METRICS_PORT)"
+        return own
+
+    def _not_an_api_port(self, what: str, port: int) -> None:
+        """Refuse a port the user chose for the job when one of this sidecar's listeners
+        needs it: held for the job first, it would stop that listener with "in use"."""
+        own = self._api_ports()
+        if port in own:
+            raise ConfigError(
+                f"{what} is the port of this sidecar's {own[port]}; give the job another port"
+                " or move the sidecar's listener"
+            )
 
     # -- mDNS ---------------------------------------------------------------------------
 

@@ -117,6 +117,24 @@ def test_serve_with_a_malformed_user_value_exits_2_before_listening(
     assert proc.stderr.splitlines() == [line]
 
 
+def test_serve_with_master_port_on_its_own_peer_port_exits_2_before_listening() -> None:
+    peer = free_port()
+    proc = rallypoint(
+        "serve",
+        "--local-port",
+        str(free_port()),
+        "--peer-port",
+        str(peer),
+        "--no-mdns",
+        env={"MASTER_PORT": str(peer)},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"error: MASTER_PORT={peer} (from environment) is the port of this sidecar's peer"
+        " API (RALLYPOINT_PEER_PORT); give the job another port or move the sidecar's listener"
+    ]
+
+
 def test_demo_prints_every_node_ready() -> None:
     proc = rallypoint("demo", "--nodes", "2", "--peer-port", str(free_port()),
                       "--master-port", str(free_port()))  # fmt: skip

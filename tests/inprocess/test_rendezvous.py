@@ -15,7 +15,7 @@ import socket
 import aiohttp
 import pytest
 
-from rallypoint.errors import PortError
+from rallypoint.errors import ConfigError, PortError
 from rallypoint.model import ClusterSpec
 from rallypoint.net import ports
 from rallypoint.sidecar import Sidecar
@@ -192,6 +192,32 @@ async def test_a_taken_user_master_port_is_an_error() -> None:
         sidecar = Sidecar(settings, {"MASTER_PORT": str(taken)}, resolver=FakeResolver(), spec=spec)
         with pytest.raises(PortError, match=f"MASTER_PORT={taken}"):
             await sidecar.start()
+
+
+async def test_a_user_master_port_on_the_sidecars_own_listener_is_a_config_error() -> None:
+    # Held for the job first, it stopped the peer listener with "address already in use".
+    peer = free_port()
+    settings = fast_settings(local_port=free_port(), peer_port=peer)
+    spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
+    sidecar = Sidecar(settings, {"MASTER_PORT": str(peer)}, resolver=FakeResolver(), spec=spec)
+    with pytest.raises(
+        ConfigError, match=rf"MASTER_PORT={peer} .*peer API \(RALLYPOINT_PEER_PORT\)"
+    ):
+        await sidecar.start()
+
+
+async def test_a_preferred_port_on_the_sidecars_own_listener_is_passed_over() -> None:
+    local, peer = free_port(), free_port()
+    settings = fast_settings(local_port=local, peer_port=peer, master_port=peer, tf_port=local)
+    spec = ClusterSpec("explicit", ("node0",), 0, 1, SESSION, loopback_ok=True)
+    resolver = FakeResolver({"node0": ["127.0.0.1"]})
+    async with Sidecar(settings, {}, resolver=resolver, spec=spec) as s:
+        assert s.node.held["master"].port not in (local, peer)
+        assert s.node.held["tf"].port not in (local, peer)
+        assert await s.node.readiness.wait_ready(20)
+        ports_ = s.node.status()["ports"]
+        assert [skip["port"] for skip in ports_["master"]["skipped"]] == [peer]  # type: ignore[index]
+        assert [skip["port"] for skip in ports_["tf"]["skipped"]] == [local]  # type: ignore[index]
 
 
 async def test_shutdown_turns_readiness_off_first() -> None:
