@@ -216,8 +216,9 @@ async def test_a_preferred_port_on_the_sidecars_own_listener_is_passed_over() ->
         assert s.node.held["tf"].port not in (local, peer)
         assert await s.node.readiness.wait_ready(20)
         ports_ = s.node.status()["ports"]
-        assert [skip["port"] for skip in ports_["master"]["skipped"]] == [peer]  # type: ignore[index]
-        assert [skip["port"] for skip in ports_["tf"]["skipped"]] == [local]  # type: ignore[index]
+        # The first skipped is ours; a later preferred port (29500) may be another test's.
+        assert [skip["port"] for skip in ports_["master"]["skipped"]][:1] == [peer]  # type: ignore[index]
+        assert [skip["port"] for skip in ports_["tf"]["skipped"]][:1] == [local]  # type: ignore[index]
 
 
 async def test_shutdown_turns_readiness_off_first() -> None:
