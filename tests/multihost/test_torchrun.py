@@ -59,3 +59,5 @@ def test_torchrun_runs_two_processes_per_node_on_the_served_env(
             node_rank = order.index(name)
             assert sorted(r["rank"] for r in outcome.results) == [2 * node_rank, 2 * node_rank + 1]
     assert sorted(ranks) == list(range(6))
+    # torchrun's log directories went to each node's TMPDIR, not to the machine's /tmp.
+    assert all(list(node.tmpdir.glob("torchelastic_*")) for node in cluster), report

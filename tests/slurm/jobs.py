@@ -117,6 +117,9 @@ class BatchJobs(ABC):
         """sbatch the script text from workdir; return the job id."""
         path = workdir / "job.sh"
         path.write_text(script)
+        # The job inherits sbatch's environment: torchrun's log directories go to the job's.
+        (workdir / "tmp").mkdir(exist_ok=True)
+        env = {"TMPDIR": str(workdir / "tmp"), **(env or {})}
         argv = [
             "sbatch", "--parsable", f"--chdir={workdir}",
             f"--output={workdir / 'slurm-%j.out'}", *args, str(path),

@@ -21,3 +21,5 @@ def test_guide_script_runs_every_rank(
     assert env["SLURM_JOB_NODELIST"] == slurm_cluster.NODELIST
     assert env["MASTER_ADDR"] == slurm_cluster.NODES[0]
     assert 1 <= int(env["MASTER_PORT"]) <= 65535
+    # torchrun's log directories went to the job's TMPDIR (tests/slurm/jobs.py), not /tmp.
+    assert list(slurm.workdir.glob("jobs/*-guide/tmp/torchelastic_*")), job.describe()

@@ -87,6 +87,22 @@ class Node(LinkFaults):
             argv = faketime_argv(clock_offset_s, argv)
         return in_namespace(self.ns, self.name, argv)
 
+    @property
+    def tmpdir(self) -> Path:
+        """This node's processes' TMPDIR, inside the cluster's directory."""
+        return self.cluster.workdir / f"{self.name}.tmp"
+
+    def environ(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        """A child's environment: the base one, TMPDIR in the cluster's directory, then ``env``.
+
+        torchrun leaves a log directory in TMPDIR at every start; in /tmp they piled up.
+        """
+        self.tmpdir.mkdir(exist_ok=True)
+        full_env = base_environ()
+        full_env["TMPDIR"] = str(self.tmpdir)
+        full_env.update(env or {})
+        return full_env
+
     def spawn(
         self,
         argv: Sequence[str],
@@ -97,8 +113,7 @@ class Node(LinkFaults):
     ) -> Proc:
         """Start argv in this namespace, output to a log file, in its own process group."""
         log_path = self.cluster.workdir / f"{self.name}.{label}.{len(self.procs)}.log"
-        full_env = base_environ()
-        full_env.update(env or {})
+        full_env = self.environ(env)
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(
                 self.command(argv, clock_offset_s=clock_offset_s),
@@ -128,8 +143,7 @@ class Node(LinkFaults):
         clock_offset_s: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run argv to completion in this namespace and capture its output."""
-        full_env = base_environ()
-        full_env.update(env or {})
+        full_env = self.environ(env)
         return subprocess.run(
             self.command(argv, clock_offset_s=clock_offset_s),
             capture_output=True,
