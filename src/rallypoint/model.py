@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal
+import re
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -19,6 +20,35 @@ DEFAULT_TF_PORT = 2222
 DEFAULT_JAX_PORT = 8476
 DEFAULT_LOCAL_PORT = 7780
 DEFAULT_PEER_PORT = 7781
+
+# -- the bounds a peer's message is decoded within ------------------------------------------
+# msgspec checks them when it decodes (wire/fields.load), never when a value is built here.
+
+#: Largest cluster a document may describe.
+MAX_NODES = 65536
+#: Largest number of addresses one node may report.
+MAX_ADDRESSES = 64
+Rank = Annotated[int, msgspec.Meta(ge=0, le=MAX_NODES - 1)]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+#: Generations, epochs and interface names: 1-64 characters of [A-Za-z0-9._:-].
+Token = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,64}\Z")]
+#: A session name: 1-256 printable ASCII characters.
+Session = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,256}\Z")]
+
+
+def within(low: float, high: float) -> msgspec.Meta:
+    """A number's bounds, both included (msgspec refuses NaN and infinities besides)."""
+    return msgspec.Meta(ge=low, le=high)
+
+
+def at_most(count: int) -> msgspec.Meta:
+    """A text's or a list's longest length."""
+    return msgspec.Meta(max_length=count)
+
+
+def one_of(words: Iterable[str]) -> msgspec.Meta:
+    """A text that is one of ``words``."""
+    return msgspec.Meta(pattern=f"^(?:{'|'.join(map(re.escape, words))})\\Z")
 
 
 class ClusterSpec(msgspec.Struct, frozen=True):
@@ -59,25 +89,27 @@ class ClusterSpec(msgspec.Struct, frozen=True):
 class Member(msgspec.Struct, frozen=True):
     """One node as it reported itself when it joined the rendezvous."""
 
-    rank: int
+    rank: Rank
+    #: A host name or an IP literal (wire/fields.host_name checks it after decoding).
     host: str
-    addresses: tuple[str, ...]
+    #: IP addresses (wire/fields.address checks and canonicalizes them after decoding).
+    addresses: Annotated[tuple[str, ...], at_most(MAX_ADDRESSES)]
     #: The TF worker port this node's sidecar reserved, when TF_CONFIG is served.
-    tf_port: int | None = None
+    tf_port: Port | None = None
     #: The JAX coordinator port the master's sidecar reserved (rank 0 only, with jax served).
-    jax_port: int | None = None
+    jax_port: Port | None = None
     #: The ephemeral-range port its sidecar holds for connection probes (None: no probes).
-    probe_port: int | None = None
+    probe_port: Port | None = None
 
 
 class ClusterDoc(msgspec.Struct, frozen=True):
     """The master's answer once every node joined: the rendezvous result."""
 
-    session: str
-    generation: str
+    session: Session
+    generation: Token
     master_host: str
-    master_port: int
-    members: tuple[Member, ...]
+    master_port: Port
+    members: Annotated[tuple[Member, ...], msgspec.Meta(min_length=1, max_length=MAX_NODES)]
 
     def member(self, rank: int) -> Member:
         return self.members[rank]

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import msgspec
 
 from rallypoint.errors import AuthError
+from rallypoint.model import Rank, at_most
+
+#: Longest message or detail a reason carries, in characters.
+MAX_TEXT = 1000
 
 
 class Reason(msgspec.Struct, frozen=True, omit_defaults=True):
     """Why a node is not ready: a stable machine-readable code and a one-line remedy."""
 
-    code: str
-    message: str
+    code: Annotated[str, msgspec.Meta(pattern=r"^[a-z_]{1,40}\Z")]
+    message: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT)]
+    #: A host name or an IP literal (wire/fields.host_name checks it after decoding).
     host: str | None = None
-    detail: str | None = None
-    ranks: tuple[int, ...] = ()
+    detail: Annotated[str, at_most(MAX_TEXT)] | None = None
+    #: The ranks at the ends of the link at fault.
+    ranks: Annotated[tuple[Rank, ...], at_most(2)] = ()
 
     def as_json(self) -> dict[str, object]:
         """Its JSON object, as peers (msgspec, omit_defaults) and the APIs carry it."""

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rallypoint import wire
 from rallypoint.core import links
 from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
 from rallypoint.net import tcpinfo
 from rallypoint.wire.fields import dump
-from rallypoint.wire.links import MAX_LINKS, links_from
 
 HOSTS = tuple(f"n{r}" for r in range(16))
 
@@ -110,9 +110,15 @@ def test_measurements_naming_unknown_ranks_are_ignored() -> None:
     assert links.judge({0: [link(7, 1.0), link(1)], 9: [link(0, 1.0)]}, HOSTS[:2]) == []
 
 
+def report_with_links(items: object) -> bytes:
+    data = json.loads(wire.encode_report(wire.Report("s", "g", 1, "n1", True)))
+    data["links"] = items
+    return json.dumps(data).encode()
+
+
 def test_links_round_trip_through_their_json() -> None:
     original = (LinkStat(3, 1234.5, 99.25, 0.01, None, 0.25, 4096, False),)
-    assert links_from(json.loads(dump(original)), "report") == original
+    assert wire.parse_report(report_with_links(json.loads(dump(original)))).links == original
 
 
 def test_a_measured_link_is_kept_at_the_precision_its_wire_form_carries() -> None:
@@ -131,11 +137,11 @@ def test_a_measured_link_is_kept_at_the_precision_its_wire_form_carries() -> Non
 @pytest.mark.parametrize(
     ("item", "field"),
     [
-        ("x", "links[0] is not an object"),
+        ("x", "Expected `object`, got `str` - at `$.links[0]`"),
         ({"peer": -1, "up_mbps": 1, "down_mbps": 1}, "peer"),
         ({"peer": True, "up_mbps": 1, "down_mbps": 1}, "peer"),
         ({"peer": 1, "up_mbps": "fast", "down_mbps": 1}, "up_mbps"),
-        ({"peer": 1, "up_mbps": 1, "down_mbps": float("nan")}, "down_mbps"),
+        ({"peer": 1, "up_mbps": 1, "down_mbps": float("nan")}, "not JSON"),  # NaN is not JSON
         ({"peer": 1, "up_mbps": 1, "down_mbps": 1e12}, "down_mbps"),
         ({"peer": 1, "up_mbps": 10**400, "down_mbps": 1}, "up_mbps"),  # past any float
         ({"peer": 1, "up_mbps": 1, "down_mbps": 1, "up_retrans": 2}, "up_retrans"),
@@ -144,13 +150,14 @@ def test_a_measured_link_is_kept_at_the_precision_its_wire_form_carries() -> Non
     ],
 )
 def test_bad_links_from_a_peer_name_the_field(item: object, field: str) -> None:
-    with pytest.raises(PeerMessageError, match=re.escape(field)):
-        links_from([item], "report")
+    with pytest.raises(PeerMessageError, match=f"^report: .*{re.escape(field)}"):
+        wire.parse_report(report_with_links([item]))
 
 
 def test_too_many_links_are_refused() -> None:
-    with pytest.raises(PeerMessageError, match="at most"):
-        links_from(json.loads(dump([link(1)] * (MAX_LINKS + 1))), "report")
+    too_many = json.loads(dump([link(1)] * (wire.MAX_LINKS + 1)))
+    with pytest.raises(PeerMessageError, match=r"^report: .*length <= 64 - at `\$\.links`"):
+        wire.parse_report(report_with_links(too_many))
 
 
 def test_tcp_info_fields_are_read_at_their_offsets_and_missing_ones_are_none() -> None:

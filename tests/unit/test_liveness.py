@@ -164,27 +164,27 @@ def test_messages_carry_values_at_wire_precision_and_within_limits() -> None:
     downs = tuple(
         Down(r, f"n{r}", 1e9, "silent", "y" * 400, "m") for r in range(wirealive.MAX_DOWN + 3)
     )
-    answer = wirealive.AliveAnswer("s", 0, downs, len(downs), counts=(("running", 3),))
+    answer = wirealive.AliveAnswer("s", 0, downs, len(downs), counts={"running": 3})
     data = json.loads(wirealive.encode_answer(answer))
     assert len(data["down"]) == wirealive.MAX_DOWN and data["total"] == len(downs)
     assert data["down"][0]["for_s"] == wirealive.MAX_AGE_S
     assert len(data["down"][0]["detail"]) == wirealive.MAX_DETAIL
     assert data["counts"] == {"running": 3} and data["jobs"] is None
-    assert wirealive.parse_answer(wirealive.encode_answer(answer)).counts == (("running", 3),)
+    assert wirealive.parse_answer(wirealive.encode_answer(answer)).counts == {"running": 3}
 
 
 @pytest.mark.parametrize(
     ("body", "fault"),
     [
-        (b"[]", "JSON object"),
-        (b'{"session": "s", "rank": -1, "host": "b"}', "rank"),
-        (b'{"session": "s", "rank": 1, "host": "b", "heard": [[1, -2]]}', "seconds"),
-        (b'{"session": "s", "rank": 1, "host": "b", "heard": {}}', "heard"),
-        (b'{"session": "s", "rank": 1, "host": "bad host!"}', "host"),
+        (b"[]", "Expected `object`, got `array`"),
+        (b'{"session": "s", "rank": -1, "host": "b"}', r"\$\.rank"),
+        (b'{"session": "s", "rank": 1, "host": "b", "heard": [[1, -2]]}', r"\$\.heard\[0\]\[1\]"),
+        (b'{"session": "s", "rank": 1, "host": "b", "heard": {}}', r"\$\.heard"),
+        (b'{"session": "s", "rank": 1, "host": "bad host!"}', "host must be a host name"),
     ],
 )
 def test_bad_keepalives_name_the_field(body: bytes, fault: str) -> None:
-    with pytest.raises(PeerMessageError, match=fault):
+    with pytest.raises(PeerMessageError, match=f"^keep-alive: .*{fault}"):
         wirealive.parse_alive(body)
 
 
@@ -192,13 +192,18 @@ def test_bad_keepalives_name_the_field(body: bytes, fault: str) -> None:
     ("down", "fault"),
     [
         ('[{"rank": 1, "host": "a", "for_s": 1, "cause": "eaten", "detail": "", '
-         '"seen_by": "m"}]', "cause"),
+         '"seen_by": "m"}]', r"\$\.down\[0\]\.cause"),
         ('[{"rank": 1, "host": "a", "for_s": "1", "cause": "refused", "detail": "", '
-         '"seen_by": "m"}]', "for_s"),
-        ('"none"', "down"),
+         '"seen_by": "m"}]', r"\$\.down\[0\]\.for_s"),
+        ('[{"rank": 1, "host": "a!", "for_s": 1, "cause": "refused", "detail": "", '
+         '"seen_by": "m"}]', r"down\[0\]\.host must be"),
+        ('[{"rank": 1, "host": "a", "for_s": 1, "cause": "refused", "detail": "", '
+         '"seen_by": "m"}, {"rank": 2, "host": "b", "for_s": 1, "cause": "refused", '
+         '"detail": "", "seen_by": "m"}]', "total must be at least"),
+        ('"none"', r"\$\.down"),
     ],
 )  # fmt: skip
 def test_bad_answers_name_the_field(down: str, fault: str) -> None:
     body = f'{{"session": "s", "rank": 0, "total": 1, "down": {down}}}'.encode()
-    with pytest.raises(PeerMessageError, match=fault):
+    with pytest.raises(PeerMessageError, match=f"^keep-alive answer: .*{fault}"):
         wirealive.parse_answer(body)

@@ -59,36 +59,45 @@ def _report_batch(**changes: object) -> bytes:
 @pytest.mark.parametrize(
     ("body", "names"),
     [
-        (_join_batch(members="x"), "members must be a list"),
-        (_join_batch(members=[1]), "members[0] is not an object"),
-        (_join_batch(members=[{"rank": 4, "host": "node4", "addresses": ["nope"]}]), "members[0]"),
-        (_join_batch(members=[{}] * (wirebatch.MAX_ITEMS + 1)), "at most 1024"),
-        (_join_batch(relay=0), "relay"),
-        (_join_batch(session=""), "session"),
-        (b"[]", "join batch"),
+        (_join_batch(members="x"), "Expected `array`, got `str` - at `$.members`"),
+        (_join_batch(members=[1]), "Expected `object`, got `int` - at `$.members[0]`"),
+        (
+            _join_batch(members=[{"rank": 4, "host": "node4", "addresses": ["nope"]}]),
+            "members[0]: addresses[0] must be an IP address",
+        ),
+        (
+            _join_batch(members=[{"rank": 4, "host": "a", "addresses": []}] * 1025),
+            "length <= 1024 - at `$.members`",
+        ),
+        (_join_batch(relay=0), "$.relay"),
+        (_join_batch(session=""), "$.session"),
+        (b"[]", "Expected `object`"),
     ],
 )
 def test_bad_join_batches_name_the_fault(body: bytes, names: str) -> None:
     with pytest.raises(PeerMessageError) as info:
         wirebatch.parse_join_batch(body)
-    assert names in str(info.value)
+    assert str(info.value).startswith("join batch: ") and names in str(info.value)
 
 
 @pytest.mark.parametrize(
     ("body", "names"),
     [
-        (_report_batch(reports={}), "reports must be a list"),
+        (_report_batch(reports={}), "Expected `array`, got `object` - at `$.reports`"),
         (_report_batch(generation="other.2"), "another session or generation"),
         (_report_batch(session="t"), "another session or generation"),
-        (_report_batch(hold="yes"), "hold"),
-        (_report_batch(seen=-2), "seen"),
-        (_report_batch(reports=[{"rank": 4}]), "session"),
+        (_report_batch(hold="yes"), "$.hold"),
+        (_report_batch(seen=-2), "$.seen"),
+        (
+            _report_batch(reports=[{"rank": 4}]),
+            "missing required field `session` - at `$.reports[0]`",
+        ),
     ],
 )
 def test_bad_report_batches_name_the_fault(body: bytes, names: str) -> None:
     with pytest.raises(PeerMessageError) as info:
         wirebatch.parse_report_batch(body)
-    assert names in str(info.value)
+    assert str(info.value).startswith("report batch: ") and names in str(info.value)
 
 
 def test_a_batch_larger_than_the_limit_is_refused() -> None:

@@ -16,14 +16,24 @@ from __future__ import annotations
 
 import signal as signals
 from collections.abc import Iterable
+from typing import Annotated
 
 import msgspec
+
+from rallypoint.model import Rank, at_most, one_of, within
 
 #: Every state a node's job can be in; the order is the order they may follow each other.
 STATES = ("waiting", "running", "terminated", "stopped", "exited", "killed", "lost")
 _ORDER = {state: index for index, state in enumerate(STATES)}
 #: What `rallypoint run` reports to its own sidecar (lost is only ever named by the others).
 REPORTED = ("running", "terminated", "stopped", "exited", "killed")
+#: Longest detail carried (a lost node's cause), in characters.
+MAX_DETAIL = 300
+#: Times are Unix seconds up to the year 2286; 0.0 means "not yet".
+MAX_TIME = 1e10
+Time = Annotated[float, within(0.0, MAX_TIME)]
+ExitCode = Annotated[int, within(0, 255)]
+Signal = Annotated[int, within(1, 127)]
 #: The kinds of failure, as the failures metric labels them.
 CAUSES = ("exited", "killed", "terminated", "lost")
 #: EX_TEMPFAIL (sysexits.h): the default status when a node was lost, the code to requeue on.
@@ -35,20 +45,21 @@ STOP_SIGNALS = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP)
 class JobState(msgspec.Struct, frozen=True, omit_defaults=True):
     """One node's job: its state, since when (the master's clock), and how it ended."""
 
-    rank: int
+    rank: Rank
+    #: A host name or an IP literal (wire/fields.host_name checks it after decoding).
     host: str
-    state: str
+    state: Annotated[str, one_of(STATES)]
     #: When the job started, by its node's own clock (0.0 while waiting): names the run, so
     #: that one run of the job is told from the next.
-    started: float = 0.0
+    started: Time = 0.0
     #: When it entered this state.
-    since: float = 0.0
+    since: Time = 0.0
     #: exited: the exit code.
-    code: int | None = None
+    code: ExitCode | None = None
     #: killed: the signal that ended it; terminated: the signal `run` was sent.
-    signal: int | None = None
+    signal: Signal | None = None
     #: lost: why (the liveness cause and detail).
-    detail: str = ""
+    detail: Annotated[str, at_most(MAX_DETAIL)] = ""
 
     @property
     def failed(self) -> bool:

@@ -6,18 +6,27 @@ over rank order plus a second ring with a stride of about sqrt(N) (all pairs up 
 ALL_PAIRS_MAX nodes): 2N links at most, so the cost grows linearly with N, and every node
 is an end of at least four links (two up to ALL_PAIRS_MAX), so a bad node shows as a node
 whose every link is bad while a bad link shows alone (docs/readiness.md, "Data path").
-A link's wire form is its fields (msgspec encodes it); wire/links.py reads it back, within limits.
+A link's wire form is its fields: msgspec writes them and reads them back within the bounds
+declared here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import msgspec
 
+from rallypoint.model import Rank, within
 from rallypoint.reasons import Reason
+
+#: Largest rate accepted from a peer, Mbit/s (10 Tbit/s).
+MAX_MBPS = 1e7
+#: Longest round trip accepted, ms (an hour).
+MAX_RTT_MS = 3.6e6
+Mbps = Annotated[float, within(0.0, MAX_MBPS)]
+Share = Annotated[float, within(0.0, 1.0)]
 
 #: Up to this many nodes every pair's throughput is measured (N(N-1)/2 links).
 ALL_PAIRS_MAX = 8
@@ -31,15 +40,15 @@ LOSSY_SHARE = 0.03
 class LinkStat(msgspec.Struct, frozen=True):
     """One link as the node at its first end measured it: up is towards ``peer``."""
 
-    peer: int
-    up_mbps: float
-    down_mbps: float
+    peer: Rank
+    up_mbps: Mbps
+    down_mbps: Mbps
     #: Shares of the bytes sent that were retransmitted, each way (None: not known).
-    up_retrans: float | None = None
-    down_retrans: float | None = None
-    rtt_ms: float | None = None
+    up_retrans: Share | None = None
+    down_retrans: Share | None = None
+    rtt_ms: Annotated[float, within(0.0, MAX_RTT_MS)] | None = None
     #: Bytes moved each way; less than asked when the transfer ran out of time.
-    bytes: int = 0
+    bytes: Annotated[int, within(0, 1 << 40)] = 0
     complete: bool = True
 
     def rounded(self) -> LinkStat:

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Annotated
 
 import msgspec
+
+from rallypoint.model import Rank, at_most, one_of, within
 
 #: Intervals without a word before a watched node is named down. With the default 3 s
 #: interval that is 12 s, and the others hear of it within one more interval: about 15 s,
@@ -35,17 +38,23 @@ MISSED_AFTER = 1.5
 #: the request timed out (paused, or the path drops packets), no route or no address
 #: (unreachable), another failure, or only silence (nothing tried it yet).
 CAUSES = ("refused", "timed_out", "unreachable", "failed", "silent")
+#: Longest detail a peer carries (a cut-down error message), in characters.
+MAX_DETAIL = 300
+#: Ages and durations are capped at a day: past it, the number tells nothing more.
+MAX_AGE_S = 86400.0
+Age = Annotated[float, within(0.0, MAX_AGE_S)]
 
 
 class Down(msgspec.Struct, frozen=True):
     """A node named down: how long nothing was heard from it, why, and who found it."""
 
-    rank: int
+    rank: Rank
+    #: A host name or an IP literal (wire/fields.host_name checks it after decoding).
     host: str
-    for_s: float
-    cause: str
-    detail: str
-    #: The host whose watch found it (this node, its relay or the master).
+    for_s: Age
+    cause: Annotated[str, one_of(CAUSES)]
+    detail: Annotated[str, at_most(MAX_DETAIL)]
+    #: The host whose watch found it (this node, its relay or the master); checked like host.
     seen_by: str
 
 

@@ -255,7 +255,7 @@ def scope_of(nnodes: int, resolve_scope: str, session: str) -> Scope:
 
 def parse(body: bytes) -> dict[str, object]:
     """A mesh answer from the master: a JSON object with its counts (it is shown, not acted on)."""
-    data = load(body, MAX_BYTES, "mesh")
+    data = load(body, dict[str, object], MAX_BYTES, "mesh")
     if not isinstance(data.get("counts"), dict) or not isinstance(data.get("nnodes"), int):
         raise PeerMessageError("mesh: counts and nnodes are missing")
     return data

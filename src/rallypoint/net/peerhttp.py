@@ -290,11 +290,8 @@ class PeerClient:
         if exc.skew_s is None:
             return False
         try:
-            data = json.loads(payload)
-            stamp = stamps.stamp_from(
-                data.get("clock") if isinstance(data, dict) else None, "answer"
-            )
-        except (ValueError, RecursionError, PeerMessageError):
+            stamp = stamps.stamp_of(payload, "answer")
+        except PeerMessageError:
             return False
         if stamp is None:
             return False
@@ -350,10 +347,10 @@ def _refusal(status: int, payload: bytes) -> Exception:
 
 def _finite(value: object) -> float | None:
     """A JSON number that is a sensible clock skew, else None."""
-    try:
-        return stamps.seconds(value, "skew_s", -stamps.MAX_OFFSET_S)
-    except PeerMessageError:
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
+    # An int may be too large for a float: compare it as is (NaN fails every comparison).
+    return float(value) if -stamps.MAX_OFFSET_S <= value <= stamps.MAX_OFFSET_S else None
 
 
 async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:

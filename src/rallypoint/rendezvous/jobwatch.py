@@ -171,7 +171,7 @@ class JobWatch:
             first=book.first,
             jobs_version=book.version,
             jobs=tuple(book.table(wirealive.MAX_JOBS_SHOWN)) if fresh else None,
-            counts=tuple(book.counts().items()) if fresh else (),
+            counts=dict(book.counts()) if fresh else {},
         )
 
     def push_due(self) -> bool:

@@ -11,13 +11,18 @@ failure; an answer the first failure and, when the asker's copy is older, the jo
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from rallypoint.core.jobs import STATES, JobState
-from rallypoint.core.liveness import CAUSES, Down
+from rallypoint.core.liveness import MAX_AGE_S, MAX_DETAIL, Age, Down
 from rallypoint.errors import PeerMessageError
+from rallypoint.model import MAX_NODES, Rank, Session, at_most, one_of, within
 from rallypoint.wire import jobs as wirejobs
-from rallypoint.wire.fields import MAX_NODES, TOKEN, dump, host_name, integer, load, number, session
+from rallypoint.wire.fields import dump, host_name, load
+
+__all__ = ["MAX_AGE_S", "MAX_DETAIL"]
 
 #: Largest keep-alive accepted: a relay's group (fanout.MAX_GROUP) of ages and job states fits
 #: several times.
@@ -28,46 +33,45 @@ MAX_ANSWER_BYTES = 256 * 1024
 MAX_DOWN = 256
 #: Most ages one keep-alive passes on.
 MAX_HEARD = 1024
-#: Longest detail carried, in characters (a cut-down error message).
-MAX_DETAIL = 300
-#: Ages and durations are capped at a day: past it, the number tells nothing more.
-MAX_AGE_S = 86400.0
 #: Most job states one answer shows (failures first); the counts cover every node.
 MAX_JOBS_SHOWN = 256
+Version = Annotated[int, within(0, 2**53)]
+Nodes = Annotated[int, within(0, MAX_NODES)]
 
 
 class Alive(msgspec.Struct, frozen=True):
     """A keep-alive: who sends it and, from a relay, (rank, seconds since heard) of its group."""
 
-    session: str
-    rank: int
+    session: Session
+    rank: Rank
+    #: A host name or an IP literal (fields.host_name checks it after decoding).
     host: str
-    heard: tuple[tuple[int, float], ...] = ()
+    heard: Annotated[tuple[tuple[Rank, Age], ...], at_most(MAX_HEARD)] = ()
     #: The sender's own job, when its `run` reported one.
     job: JobState | None = None
     #: A relay's members' job states that changed since its upstream last took them.
-    jobs: tuple[JobState, ...] = ()
+    jobs: Annotated[tuple[JobState, ...], at_most(MAX_HEARD)] = ()
     #: The first failure, as the master (or a relay passing it on) knows it.
     first: JobState | None = None
     #: The version of the receiver's job table the sender holds (-1: none).
-    jobs_seen: int = -1
+    jobs_seen: Annotated[int, within(-1, 2**53)] = -1
 
 
 class AliveAnswer(msgspec.Struct, frozen=True):
     """The answer: who answers, and the nodes it finds down (``total`` of them)."""
 
-    session: str
-    rank: int
-    down: tuple[Down, ...]
-    total: int
+    session: Session
+    rank: Rank
+    down: Annotated[tuple[Down, ...], at_most(MAX_DOWN)]
+    total: Nodes
     #: The answering process (a restarted sidecar has a new one: send it everything again).
-    boot: str = "-"
+    boot: Annotated[str, msgspec.Meta(pattern=r"^(?:-|[A-Za-z0-9._:-]{1,64})\Z")] = "-"
     first: JobState | None = None
     #: The answerer's job table version, and the table itself when the asker's is older.
-    jobs_version: int = 0
-    jobs: tuple[JobState, ...] | None = None
+    jobs_version: Version = 0
+    jobs: Annotated[tuple[JobState, ...], at_most(MAX_JOBS_SHOWN)] | None = None
     #: How many nodes' jobs are in each state (jobs.STATES), as the answerer knows them.
-    counts: tuple[tuple[str, int], ...] = ()
+    counts: dict[Annotated[str, one_of(STATES)], Nodes] = {}
 
 
 def encode_alive(alive: Alive) -> bytes:
@@ -85,50 +89,33 @@ def encode_alive(alive: Alive) -> bytes:
 
 def parse_alive(body: bytes) -> Alive:
     """Validate a keep-alive; PeerMessageError names the field at fault."""
-    data = load(body, MAX_ALIVE_BYTES, "keep-alive")
-    heard = data.get("heard", [])
-    if not isinstance(heard, list) or len(heard) > MAX_HEARD:
-        raise PeerMessageError(f"keep-alive: heard must be a list of at most {MAX_HEARD}")
-    pairs = []
-    for index, item in enumerate(heard):
-        if not isinstance(item, list) or len(item) != 2:
-            raise PeerMessageError(f"keep-alive: heard[{index}] must be [rank, seconds]")
-        pairs.append(
-            (
-                integer(item[0], f"heard[{index}] rank", 0, MAX_NODES - 1),
-                number(item[1], f"heard[{index}] seconds", 0.0, MAX_AGE_S),
-            )
-        )
-    rank = integer(data.get("rank"), "rank", 0, MAX_NODES - 1)
-    job = wirejobs.parse_optional(data.get("job"), "keep-alive: job")
-    if job is not None and job.rank != rank:
+    alive = load(body, Alive, MAX_ALIVE_BYTES, "keep-alive")
+    if alive.job is not None and alive.job.rank != alive.rank:
         raise PeerMessageError("keep-alive: job.rank must be the sender's rank")
-    return Alive(
-        session=session(data.get("session"), "session"),
-        rank=rank,
-        host=host_name(data.get("host")),
-        heard=tuple(pairs),
-        job=job,
-        jobs=wirejobs.parse_all(data.get("jobs", []), "keep-alive: jobs", MAX_HEARD),
-        first=wirejobs.parse_optional(data.get("first"), "keep-alive: first"),
-        jobs_seen=integer(data.get("jobs_seen", -1), "jobs_seen", -1, 2**53),
+    return msgspec.structs.replace(
+        alive,
+        host=host_name(alive.host, "keep-alive: host"),
+        job=wirejobs.checked_optional(alive.job, "keep-alive: job"),
+        jobs=wirejobs.checked_all(alive.jobs, "keep-alive: jobs"),
+        first=wirejobs.checked_optional(alive.first, "keep-alive: first"),
     )
 
 
 def encode_answer(answer: AliveAnswer) -> bytes:
-    """The JSON body of the answer, within its limits; ``counts`` as an object."""
-    carried = msgspec.structs.replace(
-        answer,
-        down=tuple(
-            msgspec.structs.replace(
-                d, for_s=round(min(d.for_s, MAX_AGE_S), 3), detail=d.detail[:MAX_DETAIL]
-            )
-            for d in answer.down[:MAX_DOWN]
-        ),
-        first=_cut(answer.first),
-        jobs=None if answer.jobs is None else wirejobs.cut_all(answer.jobs),
+    """The JSON body of the answer, within its limits."""
+    return dump(
+        msgspec.structs.replace(
+            answer,
+            down=tuple(
+                msgspec.structs.replace(
+                    d, for_s=round(min(d.for_s, MAX_AGE_S), 3), detail=d.detail[:MAX_DETAIL]
+                )
+                for d in answer.down[:MAX_DOWN]
+            ),
+            first=_cut(answer.first),
+            jobs=None if answer.jobs is None else wirejobs.cut_all(answer.jobs),
+        )
     )
-    return dump({**msgspec.structs.asdict(carried), "counts": dict(answer.counts)})
 
 
 def _cut(job: JobState | None) -> JobState | None:
@@ -137,50 +124,21 @@ def _cut(job: JobState | None) -> JobState | None:
 
 def parse_answer(body: bytes) -> AliveAnswer:
     """Validate an answer to a keep-alive."""
-    data = load(body, MAX_ANSWER_BYTES, "keep-alive answer")
-    raw = data.get("down")
-    if not isinstance(raw, list) or len(raw) > MAX_DOWN:
-        raise PeerMessageError(f"keep-alive answer: down must be a list of at most {MAX_DOWN}")
-    downs = []
-    for index, item in enumerate(raw):
-        at = f"down[{index}]"
-        if not isinstance(item, dict):
-            raise PeerMessageError(f"keep-alive answer: {at} is not an object")
-        cause, detail = item.get("cause"), item.get("detail")
-        if cause not in CAUSES:
-            raise PeerMessageError(f"{at}.cause must be one of {', '.join(CAUSES)}")
-        if not isinstance(detail, str) or len(detail) > MAX_DETAIL:
-            raise PeerMessageError(f"{at}.detail must be a string of at most {MAX_DETAIL}")
-        downs.append(
-            Down(
-                rank=integer(item.get("rank"), f"{at}.rank", 0, MAX_NODES - 1),
-                host=host_name(item.get("host"), f"{at}.host"),
-                for_s=number(item.get("for_s"), f"{at}.for_s", 0.0, MAX_AGE_S),
-                cause=str(cause),
-                detail=detail,
-                seen_by=host_name(item.get("seen_by"), f"{at}.seen_by"),
+    answer = load(body, AliveAnswer, MAX_ANSWER_BYTES, "keep-alive answer")
+    if answer.total < len(answer.down):
+        raise PeerMessageError("keep-alive answer: total must be at least the nodes down listed")
+    return msgspec.structs.replace(
+        answer,
+        down=tuple(
+            msgspec.structs.replace(
+                d,
+                host=host_name(d.host, f"keep-alive answer: down[{index}].host"),
+                seen_by=host_name(d.seen_by, f"keep-alive answer: down[{index}].seen_by"),
             )
-        )
-    jobs = data.get("jobs")
-    boot = data.get("boot", "-")
-    if not isinstance(boot, str) or not (boot == "-" or TOKEN.fullmatch(boot)):
-        raise PeerMessageError("keep-alive answer: boot must be a token")
-    return AliveAnswer(
-        session=session(data.get("session"), "session"),
-        rank=integer(data.get("rank"), "rank", 0, MAX_NODES - 1),
-        down=tuple(downs),
-        total=integer(data.get("total"), "total", len(downs), MAX_NODES),
-        boot=boot,
-        first=wirejobs.parse_optional(data.get("first"), "keep-alive answer: first"),
-        jobs_version=integer(data.get("jobs_version", 0), "jobs_version", 0, 2**53),
+            for index, d in enumerate(answer.down)
+        ),
+        first=wirejobs.checked_optional(answer.first, "keep-alive answer: first"),
         jobs=None
-        if jobs is None
-        else wirejobs.parse_all(jobs, "keep-alive answer: jobs", MAX_JOBS_SHOWN),
-        counts=_counts(data.get("counts", {})),
+        if answer.jobs is None
+        else wirejobs.checked_all(answer.jobs, "keep-alive answer: jobs"),
     )
-
-
-def _counts(value: object) -> tuple[tuple[str, int], ...]:
-    if not isinstance(value, dict) or any(k not in STATES for k in value):
-        raise PeerMessageError(f"keep-alive answer: counts must map {', '.join(STATES)} to counts")
-    return tuple((k, integer(v, f"counts.{k}", 0, MAX_NODES)) for k, v in sorted(value.items()))

@@ -8,14 +8,14 @@ stay under MAX_BATCH_BYTES: a relay cuts larger ones (chunks()).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import msgspec
 
 from rallypoint import wire
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import Member
-from rallypoint.wire.fields import MAX_NODES, boolean, dump, generation, integer, load, session
+from rallypoint.model import MAX_NODES, Member, Session, Token, at_most, within
+from rallypoint.wire.fields import dump, load
 
 T = TypeVar("T")
 
@@ -23,14 +23,15 @@ T = TypeVar("T")
 MAX_BATCH_BYTES = 60 * 1024
 #: Most items one batch carries.
 MAX_ITEMS = 1024
+Relay = Annotated[int, within(1, MAX_NODES - 1)]
 
 
 class JoinBatch(msgspec.Struct, frozen=True):
     """A relay's POST /v1/joins: members of its group that joined it, for the master."""
 
-    session: str
-    relay: int
-    members: tuple[Member, ...]
+    session: Session
+    relay: Relay
+    members: Annotated[tuple[Member, ...], at_most(MAX_ITEMS)]
 
 
 class ReportBatch(msgspec.Struct, frozen=True):
@@ -40,11 +41,11 @@ class ReportBatch(msgspec.Struct, frozen=True):
     current; ``hold`` False asks for the answer at once (more chunks follow).
     """
 
-    session: str
-    generation: str
-    relay: int
-    reports: tuple[wire.Report, ...]
-    seen: int = -1
+    session: Session
+    generation: Token
+    relay: Relay
+    reports: Annotated[tuple[wire.Report, ...], at_most(MAX_ITEMS)]
+    seen: Annotated[int, within(-1, 1 << 62)] = -1
     hold: bool = True
 
 
@@ -54,13 +55,12 @@ def encode_join_batch(batch: JoinBatch) -> bytes:
 
 def parse_join_batch(body: bytes) -> JoinBatch:
     """Validate a join batch; PeerMessageError names the item and field at fault."""
-    data = load(body, MAX_BATCH_BYTES, "join batch")
-    raw = _items(data.get("members"), "join batch", "members")
-    return JoinBatch(
-        session=session(data.get("session"), "session"),
-        relay=integer(data.get("relay"), "relay", 1, MAX_NODES - 1),
-        members=tuple(wire.member_from(item, f"members[{i}]") for i, item in enumerate(raw)),
+    batch = load(body, JoinBatch, MAX_BATCH_BYTES, "join batch")
+    members = tuple(
+        wire.checked_member(member, f"join batch: members[{index}]")
+        for index, member in enumerate(batch.members)
     )
+    return msgspec.structs.replace(batch, members=members)
 
 
 def encode_report_batch(batch: ReportBatch) -> bytes:
@@ -69,23 +69,18 @@ def encode_report_batch(batch: ReportBatch) -> bytes:
 
 def parse_report_batch(body: bytes) -> ReportBatch:
     """Validate a report batch; every report must be of the batch's session and generation."""
-    data = load(body, MAX_BATCH_BYTES, "report batch")
-    raw = _items(data.get("reports"), "report batch", "reports")
-    batch = ReportBatch(
-        session=session(data.get("session"), "session"),
-        generation=generation(data.get("generation"), "generation"),
-        relay=integer(data.get("relay"), "relay", 1, MAX_NODES - 1),
-        reports=tuple(wire.report_from(item) for item in raw),
-        seen=integer(data.get("seen", -1), "seen", -1, 1 << 62),
-        hold=boolean(data.get("hold", True), "hold"),
-    )
+    batch = load(body, ReportBatch, MAX_BATCH_BYTES, "report batch")
     for report in batch.reports:
         if report.session != batch.session or report.generation != batch.generation:
             raise PeerMessageError(
                 f"report batch: the report of rank {report.rank} is for another session or "
                 "generation than the batch"
             )
-    return batch
+    reports = tuple(
+        wire.checked_report(report, f"report batch: reports[{index}]")
+        for index, report in enumerate(batch.reports)
+    )
+    return msgspec.structs.replace(batch, reports=reports)
 
 
 def chunks(items: Iterable[T], size_of: Callable[[T], int]) -> Iterator[list[T]]:
@@ -102,12 +97,3 @@ def chunks(items: Iterable[T], size_of: Callable[[T], int]) -> Iterator[list[T]]
         size += need
     if chunk:
         yield chunk
-
-
-def _items(value: object, what: str, field: str) -> list[dict[str, object]]:
-    if not isinstance(value, list) or len(value) > MAX_ITEMS:
-        raise PeerMessageError(f"{what}: {field} must be a list of at most {MAX_ITEMS}")
-    for index, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise PeerMessageError(f"{what}: {field}[{index}] is not an object")
-    return value

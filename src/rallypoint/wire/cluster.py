@@ -1,16 +1,19 @@
 """Pure codec of the cluster document (GET /v1/cluster): every member of one generation.
 
-Its members are the same JSON objects a join carries (a Member's fields; wire.member_from);
-the parser also checks the document as a whole: ranks 0..N-1 in order, unique hosts, and the
-master as rank 0. A large document travels gzipped to the askers that accept it.
+Its members are the same JSON objects a join carries (a Member's fields, checked by
+wire.checked_member); the parser also checks the document as a whole: ranks 0..N-1 in
+order, unique hosts, and the master as rank 0. A large document travels gzipped to the
+askers that accept it.
 """
 
 from __future__ import annotations
 
+import msgspec
+
 from rallypoint import wire
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import ClusterDoc, Member
-from rallypoint.wire.fields import MAX_NODES, dump, generation, host_name, integer, load, session
+from rallypoint.model import ClusterDoc
+from rallypoint.wire.fields import dump, host_name, load
 
 #: Largest cluster document accepted: about 4096 nodes with a few addresses each.
 MAX_DOC_BYTES = 8 * 1024 * 1024
@@ -23,36 +26,24 @@ def encode_cluster_doc(doc: ClusterDoc) -> bytes:
 
 def parse_cluster_doc(body: bytes) -> ClusterDoc:
     """Validate a cluster document: ranks 0..N-1 in order, unique hosts, master is rank 0."""
-    data = load(body, MAX_DOC_BYTES, "cluster document")
-    raw_members = data.get("members")
-    if not isinstance(raw_members, list) or not 1 <= len(raw_members) <= MAX_NODES:
-        raise PeerMessageError(f"cluster document: members must be a list of 1-{MAX_NODES} nodes")
-    members: list[Member] = []
-    for index, raw in enumerate(raw_members):
-        if not isinstance(raw, dict):
-            raise PeerMessageError(f"cluster document: members[{index}] is not an object")
-        member = wire.member_from(raw, f"members[{index}]")
+    doc = load(body, ClusterDoc, MAX_DOC_BYTES, "cluster document")
+    members = []
+    for index, member in enumerate(doc.members):
         if member.rank != index:
             raise PeerMessageError(
                 f"cluster document: members[{index}] has rank {member.rank}, expected {index}"
             )
-        members.append(member)
-    hosts = [m.host.lower() for m in members]
-    if len(set(hosts)) != len(hosts):
+        members.append(wire.checked_member(member, f"cluster document: members[{index}]"))
+    hosts = {m.host.lower() for m in members}
+    if len(hosts) != len(members):
         raise PeerMessageError("cluster document: a host appears twice in members")
-    master_host = host_name(data.get("master_host"), "master_host")
+    master_host = host_name(doc.master_host, "cluster document: master_host")
     if master_host != members[0].host:
         raise PeerMessageError(
             f"cluster document: master_host {master_host!r} is not members[0].host "
             f"{members[0].host!r}"
         )
-    return ClusterDoc(
-        session=session(data.get("session"), "session"),
-        generation=generation(data.get("generation"), "generation"),
-        master_host=master_host,
-        master_port=integer(data.get("master_port"), "master_port", 1, 65535),
-        members=tuple(members),
-    )
+    return msgspec.structs.replace(doc, master_host=master_host, members=tuple(members))
 
 
 def accepts_gzip(accept_encoding: str) -> bool:

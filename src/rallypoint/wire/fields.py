@@ -1,36 +1,78 @@
-"""Pure validators for the fields every peer message shares: tokens, hosts, numbers, reasons.
+"""Pure: reading a peer's message into its struct, and the rules msgspec cannot declare.
 
-Each takes an untrusted JSON value and the field's name, and returns it checked (and in
-canonical form) or raises PeerMessageError naming the field.
+``load`` decodes a body into its message struct with msgspec, which checks every field's
+type and the bounds its struct declares (model.py's Rank, Port, Token ...), and turns any
+fault into a PeerMessageError naming the message and the field's path. What a type cannot
+say is checked after decoding: host names (``host_name``) and addresses (``address``, also
+canonical so that expected and actual compare as strings), and each message's cross-field
+rules (in its own module).
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
-import json
-import math
 import re
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import msgspec
 
 from rallypoint.core import names
 from rallypoint.errors import PeerMessageError
+from rallypoint.model import MAX_NODES
 from rallypoint.reasons import Reason
 
-#: Largest cluster a document may describe.
-MAX_NODES = 65536
-#: Generations, epochs and interface names.
+__all__ = ["MAX_NODES", "TOKEN", "address", "dump", "generation", "host_name", "load"]
+
+T = TypeVar("T")
+
+#: Generations, epochs and interface names (model.Token), for query strings.
 TOKEN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-_SESSION = re.compile(r"[\x21-\x7e]{1,256}")
 # Dotted-quad IPv4 already in canonical form (no leading zeros): ipaddress would return it
 # unchanged, so the fast path skips it (it was a tenth of the master's CPU in a join herd).
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _CANONICAL_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
-_CODE = re.compile(r"[a-z_]{1,40}")
+
+
+def load(body: bytes, kind: type[T], limit: int, what: str) -> T:
+    """The ``kind`` in ``body``, at most ``limit`` bytes; ``what`` names the message.
+
+    Fields absent from the body take their struct's defaults; fields a struct does not
+    name are ignored, so a newer peer's additions do not break an older one.
+    """
+    if len(body) > limit:
+        raise PeerMessageError(f"{what}: {len(body)} bytes is over the limit of {limit}")
+    try:
+        value: T = _decoder(kind).decode(body)  # type: ignore[arg-type]
+    except msgspec.ValidationError as exc:
+        raise PeerMessageError(f"{what}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise PeerMessageError(f"{what}: not JSON ({exc})") from exc
+    except RecursionError as exc:  # msgspec skips a field it does not know by recursing
+        raise PeerMessageError(f"{what}: not JSON (nested too deeply)") from exc
+    return value
+
+
+@functools.cache
+def _decoder(kind: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(kind)
+
+
+def dump(message: object) -> bytes:
+    """A message struct (or a JSON object) as compact JSON, its fields and keys sorted.
+
+    The peer messages are msgspec Structs whose fields are their wire form; signatures cover
+    these exact bytes. Sets are written sorted, so equal messages are equal bytes.
+    """
+    return _ENCODER.encode(message)
+
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
 
 
 def generation(value: object, name: str = "after") -> str:
-    """A generation or epoch token: 1-64 characters of [A-Za-z0-9._:-]."""
+    """A generation or epoch token from a query string: 1-64 characters of [A-Za-z0-9._:-]."""
     if not isinstance(value, str) or not TOKEN.fullmatch(value):
         raise PeerMessageError(f"{name} must be 1-64 characters of A-Z a-z 0-9 . _ : -")
     return value
@@ -39,6 +81,8 @@ def generation(value: object, name: str = "after") -> str:
 def host_name(value: object, name: str = "host") -> str:
     """A host name or a canonical IP literal, by names.host_problem's lenient rule for peers."""
     if isinstance(value, str) and names.host_problem(value, ip=True, lenient=True) is None:
+        if not value[-1:].isdigit() and ":" not in value:
+            return value  # a name, not an IP literal: nothing to canonicalize
         try:
             return str(ipaddress.ip_address(value))
         except ValueError:
@@ -58,96 +102,20 @@ def address(value: object, name: str = "address") -> str:
     raise PeerMessageError(f"{name} must be an IP address, got {value!r:.80}")
 
 
-def reasons(value: object, where: str, most: int) -> tuple[Reason, ...]:
-    """A list of at most ``most`` reasons (the failures a report or verdict carries)."""
-    if not isinstance(value, list) or len(value) > most:
-        raise PeerMessageError(f"{where}: failures must be a list of at most {most}")
+def addresses(values: Iterable[str], where: str) -> tuple[str, ...]:
+    """Addresses in canonical form, each once, in their order."""
+    return tuple(
+        dict.fromkeys(address(a, f"{where}: addresses[{i}]") for i, a in enumerate(values))
+    )
+
+
+def reasons(values: tuple[Reason, ...], where: str) -> tuple[Reason, ...]:
+    """Decoded reasons with their hosts checked (the only field their struct cannot bound)."""
     out = []
-    for index, raw in enumerate(value):
-        name = f"{where}: failures[{index}]"
-        if not isinstance(raw, dict):
-            raise PeerMessageError(f"{name} is not an object")
-        code, message = raw.get("code"), raw.get("message")
-        if not isinstance(code, str) or not _CODE.fullmatch(code):
-            raise PeerMessageError(f"{name}.code must be a reason code")
-        if not isinstance(message, str) or not 0 < len(message) <= 1000:
-            raise PeerMessageError(f"{name}.message must be a string of 1-1000 characters")
-        host, detail, ranks = raw.get("host"), raw.get("detail"), raw.get("ranks", [])
-        if detail is not None and (not isinstance(detail, str) or len(detail) > 1000):
-            raise PeerMessageError(f"{name}.detail must be a string of at most 1000 characters")
-        if not isinstance(ranks, list) or len(ranks) > 2:
-            raise PeerMessageError(f"{name}.ranks must list at most two ranks")
-        out.append(
-            Reason(
-                code=code,
-                message=message,
-                host=None if host is None else host_name(host, f"{name}.host"),
-                detail=detail,
-                ranks=tuple(integer(r, f"{name}.ranks[]", 0, MAX_NODES - 1) for r in ranks),
-            )
-        )
+    for index, reason in enumerate(values):
+        if reason.host is not None:
+            host = host_name(reason.host, f"{where}: failures[{index}].host")
+            if host != reason.host:
+                reason = msgspec.structs.replace(reason, host=host)
+        out.append(reason)
     return tuple(out)
-
-
-def boolean(value: object, name: str) -> bool:
-    """A JSON true or false."""
-    if not isinstance(value, bool):
-        raise PeerMessageError(f"{name} must be true or false")
-    return value
-
-
-def session(value: object, name: str) -> str:
-    """A session name: 1-256 printable ASCII characters."""
-    if not isinstance(value, str) or not _SESSION.fullmatch(value):
-        raise PeerMessageError(f"{name} must be 1-256 printable ASCII characters")
-    return value
-
-
-def number(value: object, name: str, low: float, high: float) -> float:
-    """A finite JSON number in low..high (NaN and Infinity, which json.loads takes, are not)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        # An int may be too large for a float (math.isfinite would raise): compare it as is.
-        or (isinstance(value, float) and not math.isfinite(value))
-        or not low <= value <= high
-    ):
-        raise PeerMessageError(f"{name} must be a number in {low:g}-{high:g}, got {value!r:.40}")
-    return float(value)
-
-
-def integer(value: object, name: str, low: int, high: int) -> int:
-    """An integer in low..high; a JSON true is not one."""
-    # bool is an int subclass; true is not a rank.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise PeerMessageError(f"{name} must be an integer in {low}-{high}, got {value!r:.40}")
-    return value
-
-
-def load(body: bytes, limit: int, what: str) -> dict[str, object]:
-    """The JSON object in ``body``, at most ``limit`` bytes; ``what`` names the message.
-
-    Read by json.loads, which takes NaN and Infinity, so that ``number`` refuses them naming
-    the field; msgspec writes what peers send (``dump``), the rules here read it back.
-    """
-    if len(body) > limit:
-        raise PeerMessageError(f"{what}: {len(body)} bytes is over the limit of {limit}")
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise PeerMessageError(f"{what}: not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise PeerMessageError(f"{what}: expected a JSON object")
-    return data
-
-
-def dump(message: object) -> bytes:
-    """A message struct (or a JSON object) as compact JSON, its fields and keys sorted.
-
-    The peer messages are msgspec Structs whose fields are their wire form; signatures cover
-    these exact bytes. Sets are written sorted, so equal messages are equal bytes.
-    """
-    return _ENCODER.encode(message)
-
-
-_ENCODER = msgspec.json.Encoder(order="sorted")
