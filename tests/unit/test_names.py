@@ -392,3 +392,22 @@ def test_scope_auto_sample_larger_than_the_rest() -> None:
 def test_scope_rejects_bad_input(nnodes: int, rank: int, scope: str, sample: int) -> None:
     with pytest.raises(ValueError):
         names.scope_ranks(nnodes, rank, scope, sample=sample)
+
+
+@given(
+    st.lists(
+        st.integers(0, 300).map(str) | st.sampled_from(["00", "01", "010", "0x7f", "", "256"]),
+        min_size=1,
+        max_size=5,
+    ).map(".".join)
+)
+def test_a_dotted_number_is_an_ip_exactly_when_ipaddress_reads_one(host: str) -> None:
+    """host_problem reads IPv4 by a pattern, not ipaddress: the two must agree."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        is_ip = False
+    else:
+        is_ip = True
+    assert (names.host_problem(host, ip=True) is None) is is_ip
+    assert (names.host_problem(host, ip=True, lenient=True) is None) is is_ip

@@ -32,6 +32,9 @@ _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _LENIENT_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 # Labels that inet_aton() would read as a number: getaddrinfo("123") is 0.0.0.123.
 _NUMERIC_LABEL = re.compile(r"(?:0[xX][0-9A-Fa-f]*|[0-9]+)")
+# IPv4 as ipaddress reads it: four decimal octets 0-255, no leading zeros.
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 # RFC 1035 2.3.4: 255 octets on the wire, which is 253 characters without the root dot.
 _MAX_NAME_CHARS = 253
 
@@ -58,12 +61,18 @@ def host_problem(host: str, *, ip: bool = False, lenient: bool = False) -> HostP
     every host. ``lenient`` is for names in peer messages: underscores and one trailing dot pass.
     """
     if ip:
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            pass
+        if ":" not in host:
+            # Only IPv6 has a colon; ipaddress takes IPv4 in this one spelling, and trying it
+            # on every name raised a ValueError a member in a cluster document's parse.
+            if IPV4.fullmatch(host):
+                return None
         else:
-            return HostProblem.ZONE_ID if "%" in host else None
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                pass
+            else:
+                return HostProblem.ZONE_ID if "%" in host else None
     if lenient and host.endswith("."):
         host = host[:-1]
     if not host:
