@@ -208,11 +208,11 @@ def parse_report(body: bytes) -> Report:
 
 def checked_report(report: Report, where: str) -> Report:
     """A decoded report with its host names checked (a body, or an item of a relay's batch)."""
-    host = host_name(report.host, f"{where}: host")
-    failures = reasons(report.failures, where)
-    if host == report.host and failures == report.failures:
-        return report
-    return msgspec.structs.replace(report, host=host, failures=failures)
+    return msgspec.structs.replace(
+        report,
+        host=host_name(report.host, f"{where}: host"),
+        failures=reasons(report.failures, where),
+    )
 
 
 def encode_verdict(verdict: Verdict) -> bytes:
@@ -224,16 +224,13 @@ def parse_verdict(body: bytes) -> Verdict:
     """Validate the master's verdict."""
     verdict = load(body, Verdict, MAX_REPORT_BYTES, "verdict")
     checked_stamp(verdict.clock, "verdict")
-    failures = reasons(verdict.failures, "verdict")
-    if failures == verdict.failures:
-        return verdict
-    return msgspec.structs.replace(verdict, failures=failures)
+    return msgspec.structs.replace(verdict, failures=reasons(verdict.failures, "verdict"))
 
 
 def checked_member(member: Member, where: str) -> Member:
     """A decoded member with its host name and addresses checked, canonical and each once."""
-    host = host_name(member.host, f"{where}: host")
-    canonical = addresses(member.addresses, where)
-    if host == member.host and canonical == member.addresses:
-        return member
-    return msgspec.structs.replace(member, host=host, addresses=canonical)
+    return msgspec.structs.replace(
+        member,
+        host=host_name(member.host, f"{where}: host"),
+        addresses=addresses(member.addresses, where),
+    )

@@ -106,11 +106,11 @@ def addresses(values: Iterable[str], where: str) -> tuple[str, ...]:
 
 def reasons(values: tuple[Reason, ...], where: str) -> tuple[Reason, ...]:
     """Decoded reasons with their hosts checked (the only field their struct cannot bound)."""
-    out = []
-    for index, reason in enumerate(values):
-        if reason.host is not None:
-            host = host_name(reason.host, f"{where}: failures[{index}].host")
-            if host != reason.host:
-                reason = msgspec.structs.replace(reason, host=host)
-        out.append(reason)
-    return tuple(out)
+    return tuple(
+        reason
+        if reason.host is None
+        else msgspec.structs.replace(
+            reason, host=host_name(reason.host, f"{where}: failures[{index}].host")
+        )
+        for index, reason in enumerate(values)
+    )

@@ -44,8 +44,7 @@ def cut_all(jobs: Sequence[JobState]) -> tuple[JobState, ...]:
 
 def checked(job: JobState, at: str) -> JobState:
     """A decoded state with its host name checked."""
-    host = host_name(job.host, f"{at}.host")
-    return job if host == job.host else msgspec.structs.replace(job, host=host)
+    return msgspec.structs.replace(job, host=host_name(job.host, f"{at}.host"))
 
 
 def checked_optional(job: JobState | None, at: str) -> JobState | None:
