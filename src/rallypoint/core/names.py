@@ -10,6 +10,7 @@ where every node shares this host); this node's own name is judged by :func:`jud
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import ipaddress
 import random
@@ -60,19 +61,12 @@ def host_problem(host: str, *, ip: bool = False, lenient: bool = False) -> HostP
     refused: resolvers take them for addresses. An IPv6 zone id names a different link on
     every host. ``lenient`` is for names in peer messages: underscores and one trailing dot pass.
     """
-    if ip:
-        if ":" not in host:
-            # Only IPv6 has a colon; ipaddress takes IPv4 in this one spelling, and trying it
-            # on every name raised a ValueError a member in a cluster document's parse.
-            if IPV4.fullmatch(host):
-                return None
-        else:
-            try:
-                ipaddress.ip_address(host)
-            except ValueError:
-                pass
-            else:
-                return HostProblem.ZONE_ID if "%" in host else None
+    if ip and IPV4.fullmatch(host):  # ipaddress takes IPv4 in this one spelling only
+        return None
+    if ip and ":" in host:  # only IPv6 has a colon: no ValueError raised for every name
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(host)
+            return HostProblem.ZONE_ID if "%" in host else None
     if lenient and host.endswith("."):
         host = host[:-1]
     if not host:
