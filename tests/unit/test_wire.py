@@ -5,16 +5,21 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rallypoint import wire
+from rallypoint.core import mesh
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
+from rallypoint.wire import alive as wirealive
+from rallypoint.wire import batch as wirebatch
 from rallypoint.wire import cluster, fields
+from rallypoint.wire import jobs as wirejobs
 
 MEMBERS = (
     Member(0, "node0", ("10.0.0.1",), 2222),
@@ -132,6 +137,24 @@ json_values = st.recursive(
 )
 
 
+Parse = Callable[[bytes], object]
+#: Every parser of a peer's (or `run`'s) message.
+PARSERS: tuple[Parse, ...] = (
+    wire.parse_join,
+    wire.parse_join_answer,
+    wire.parse_poke,
+    cluster.parse_cluster_doc,
+    wire.parse_report,
+    wire.parse_verdict,
+    wirebatch.parse_join_batch,
+    wirebatch.parse_report_batch,
+    wirealive.parse_alive,
+    wirealive.parse_answer,
+    wirejobs.parse_report,
+    mesh.parse,
+)
+
+
 @settings(max_examples=200)
 @given(
     st.one_of(
@@ -162,6 +185,19 @@ json_values = st.recursive(
                     "verified",
                     "pending",
                     "warnings",
+                    "relay",
+                    "reports",
+                    "heard",
+                    "job",
+                    "jobs",
+                    "first",
+                    "down",
+                    "total",
+                    "counts",
+                    "state",
+                    "started",
+                    "code",
+                    "signal",
                 ]
             ),
             json_values,
@@ -169,16 +205,17 @@ json_values = st.recursive(
     )
 )
 def test_parsers_never_crash(body: bytes) -> None:
-    for parse in (
-        wire.parse_join,
-        wire.parse_join_answer,
-        wire.parse_poke,
-        cluster.parse_cluster_doc,
-        wire.parse_report,
-        wire.parse_verdict,
-    ):
+    for parse in PARSERS:
         with contextlib.suppress(PeerMessageError):
             parse(body)
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_a_field_nested_too_deeply_is_not_json_to_every_parser(parse: Parse) -> None:
+    """msgspec skips a field it does not know by recursing: too deep is an error, not a crash."""
+    body = b'{"unknown": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with pytest.raises(PeerMessageError, match=r"not JSON|over the limit"):
+        parse(body)
 
 
 def test_the_coordinator_port_round_trips_and_is_checked() -> None:
