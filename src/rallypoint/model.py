@@ -30,10 +30,23 @@ MAX_NODES = 65536
 MAX_ADDRESSES = 64
 Rank = Annotated[int, msgspec.Meta(ge=0, le=MAX_NODES - 1)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
-#: Generations, epochs and interface names: 1-64 characters of [A-Za-z0-9._:-].
-Token = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,64}\Z")]
-#: A session name: 1-256 printable ASCII characters.
-Session = Annotated[str, msgspec.Meta(pattern=r"^[\x21-\x7e]{1,256}\Z")]
+
+
+#: What each text pattern of a message's fields asks for, in words (wire/fields.load says
+#: these instead of the pattern when a peer's field does not match).
+PATTERN_WORDS: dict[str, str] = {}
+
+
+def text(pattern: str, words: str) -> msgspec.Meta:
+    """A text matching ``pattern`` (whole: start with ^, end with \\Z), ``words`` saying it."""
+    PATTERN_WORDS[pattern] = words
+    return msgspec.Meta(pattern=pattern, description=words)
+
+
+#: Generations, epochs and interface names.
+Token = Annotated[str, text(r"^[A-Za-z0-9._:-]{1,64}\Z", "1-64 characters of A-Z a-z 0-9 . _ : -")]
+#: A session name.
+Session = Annotated[str, text(r"^[\x21-\x7e]{1,256}\Z", "1-256 printable ASCII characters")]
 
 
 def within(low: float, high: float) -> msgspec.Meta:
@@ -48,7 +61,8 @@ def at_most(count: int) -> msgspec.Meta:
 
 def one_of(words: Iterable[str]) -> msgspec.Meta:
     """A text that is one of ``words``."""
-    return msgspec.Meta(pattern=f"^(?:{'|'.join(map(re.escape, words))})\\Z")
+    words = tuple(words)
+    return text(f"^(?:{'|'.join(map(re.escape, words))})\\Z", f"one of {', '.join(words)}")
 
 
 class ClusterSpec(msgspec.Struct, frozen=True):

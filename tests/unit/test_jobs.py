@@ -133,7 +133,10 @@ def test_states_and_reports_round_trip() -> None:
 @pytest.mark.parametrize(
     "body, fault",
     [
-        ({"state": "lost", "started": 1}, r"running\|terminated.* - at `\$\.state`"),
+        (
+            {"state": "lost", "started": 1},
+            r"Expected one of running, terminated, stopped, exited, killed - at `\$\.state`",
+        ),
         ({"state": "exited", "started": 1}, "an exited job needs its code"),
         ({"state": "killed", "started": 1}, "a killed job needs its signal"),
         ({"state": "exited", "started": 1, "code": 256}, r"<= 255 - at `\$\.code`"),

@@ -18,7 +18,7 @@ import msgspec
 from rallypoint.core.jobs import STATES, JobState
 from rallypoint.core.liveness import MAX_AGE_S, MAX_DETAIL, Age, Down
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import MAX_NODES, Rank, Session, at_most, one_of, within
+from rallypoint.model import MAX_NODES, Rank, Session, at_most, one_of, text, within
 from rallypoint.wire import jobs as wirejobs
 from rallypoint.wire.fields import dump, host_name, load
 
@@ -65,7 +65,7 @@ class AliveAnswer(msgspec.Struct, frozen=True):
     down: Annotated[tuple[Down, ...], at_most(MAX_DOWN)]
     total: Nodes
     #: The answering process (a restarted sidecar has a new one: send it everything again).
-    boot: Annotated[str, msgspec.Meta(pattern=r"^(?:-|[A-Za-z0-9._:-]{1,64})\Z")] = "-"
+    boot: Annotated[str, text(r"^(?:-|[A-Za-z0-9._:-]{1,64})\Z", "- or a token")] = "-"
     first: JobState | None = None
     #: The answerer's job table version, and the table itself when the asker's is older.
     jobs_version: Version = 0

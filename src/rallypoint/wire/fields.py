@@ -20,7 +20,7 @@ import msgspec
 
 from rallypoint.core import names
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import MAX_NODES
+from rallypoint.model import MAX_NODES, PATTERN_WORDS
 from rallypoint.reasons import Reason
 
 __all__ = ["MAX_NODES", "TOKEN", "address", "dump", "generation", "host_name", "load"]
@@ -42,12 +42,19 @@ def load(body: bytes, kind: type[T], limit: int, what: str) -> T:
     try:
         value: T = _decoder(kind).decode(body)  # type: ignore[arg-type]
     except msgspec.ValidationError as exc:
-        raise PeerMessageError(f"{what}: {exc}") from exc
+        raise PeerMessageError(f"{what}: {in_words(str(exc))}") from exc
     except msgspec.DecodeError as exc:
         raise PeerMessageError(f"{what}: not JSON ({exc})") from exc
     except RecursionError as exc:  # msgspec skips a field it does not know by recursing
         raise PeerMessageError(f"{what}: not JSON (nested too deeply)") from exc
     return value
+
+
+def in_words(message: str) -> str:
+    """msgspec's message with each pattern it quotes said in words (model.text)."""
+    for pattern, words in PATTERN_WORDS.items():
+        message = message.replace(f"`str` matching regex {pattern!r}", words)
+    return message
 
 
 @functools.cache

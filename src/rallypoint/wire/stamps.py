@@ -15,7 +15,7 @@ from typing import Annotated
 import msgspec
 
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import one_of, within
+from rallypoint.model import one_of, text, within
 from rallypoint.wire.fields import load
 
 #: Largest Unix timestamp accepted (auth.py's timestamps have at most 12 digits).
@@ -42,7 +42,7 @@ class ClockStamp(msgspec.Struct, frozen=True, omit_defaults=True):
     answered: Timestamp
     source: Source
     #: The request's nonce (with a token): proves the answer was made for that request.
-    nonce: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}\Z")] | None = None
+    nonce: Annotated[str, text(r"^[0-9a-f]{32}\Z", "32 hex digits")] | None = None
 
 
 class ClockFacts(msgspec.Struct, frozen=True):
