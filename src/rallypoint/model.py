@@ -28,25 +28,9 @@ DEFAULT_PEER_PORT = 7781
 MAX_NODES = 65536
 #: Largest number of addresses one node may report.
 MAX_ADDRESSES = 64
-Rank = Annotated[int, msgspec.Meta(ge=0, le=MAX_NODES - 1)]
-Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
-
-
 #: What each text pattern of a message's fields asks for, in words (wire/fields.load says
 #: these instead of the pattern when a peer's field does not match).
 PATTERN_WORDS: dict[str, str] = {}
-
-
-def text(pattern: str, words: str) -> msgspec.Meta:
-    """A text matching ``pattern`` (whole: start with ^, end with \\Z), ``words`` saying it."""
-    PATTERN_WORDS[pattern] = words
-    return msgspec.Meta(pattern=pattern, description=words)
-
-
-#: Generations, epochs and interface names.
-Token = Annotated[str, text(r"^[A-Za-z0-9._:-]{1,64}\Z", "1-64 characters of A-Z a-z 0-9 . _ : -")]
-#: A session name.
-Session = Annotated[str, text(r"^[\x21-\x7e]{1,256}\Z", "1-256 printable ASCII characters")]
 
 
 def within(low: float, high: float) -> msgspec.Meta:
@@ -59,10 +43,32 @@ def at_most(count: int) -> msgspec.Meta:
     return msgspec.Meta(max_length=count)
 
 
+def text(pattern: str, words: str) -> msgspec.Meta:
+    """A text matching ``pattern`` (whole: start with ^, end with \\Z), ``words`` saying it.
+
+    The words are registered when the annotation is evaluated: msgspec does it as it builds
+    a struct's decoder, before that decoder reads any message.
+    """
+    PATTERN_WORDS[pattern] = words
+    return msgspec.Meta(pattern=pattern, description=words)
+
+
 def one_of(words: Iterable[str]) -> msgspec.Meta:
     """A text that is one of ``words``."""
     words = tuple(words)
     return text(f"^(?:{'|'.join(map(re.escape, words))})\\Z", f"one of {', '.join(words)}")
+
+
+Rank = Annotated[int, within(0, MAX_NODES - 1)]
+#: A count of nodes.
+Nodes = Annotated[int, within(0, MAX_NODES)]
+Port = Annotated[int, within(1, 65535)]
+#: Generations, epochs and interface names: the characters (query strings match them too).
+TOKEN_CHARS = r"[A-Za-z0-9._:-]{1,64}"
+TOKEN_WORDS = "1-64 characters of A-Z a-z 0-9 . _ : -"
+Token = Annotated[str, text(rf"^{TOKEN_CHARS}\Z", TOKEN_WORDS)]
+#: A session name.
+Session = Annotated[str, text(r"^[\x21-\x7e]{1,256}\Z", "1-256 printable ASCII characters")]
 
 
 class ClusterSpec(msgspec.Struct, frozen=True):

@@ -22,7 +22,7 @@ class Reason(msgspec.Struct, frozen=True, omit_defaults=True):
     #: A host name or an IP literal (wire/fields.host_name checks it after decoding).
     host: str | None = None
     detail: Annotated[str, at_most(MAX_TEXT)] | None = None
-    #: The ranks at the ends of the link at fault.
+    #: The ranks it is about: a node, or the two ends of a link.
     ranks: Annotated[tuple[Rank, ...], at_most(2)] = ()
 
     def as_json(self) -> dict[str, object]:

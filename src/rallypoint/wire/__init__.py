@@ -22,6 +22,7 @@ from rallypoint.model import (
     MAX_ADDRESSES,
     MAX_NODES,
     Member,
+    Nodes,
     Rank,
     Session,
     Token,
@@ -55,8 +56,6 @@ __all__ = [
 
 #: Largest join or poke body accepted (a join carries at most MAX_ADDRESSES addresses).
 MAX_JOIN_BYTES = 16 * 1024
-#: A count of nodes.
-Nodes = Annotated[int, within(0, MAX_NODES)]
 
 
 class JoinRequest(msgspec.Struct, frozen=True):
@@ -149,6 +148,8 @@ MAX_LINKS = 64
 WINDOW_KINDS = ("master", "jax", "tf", "probe")
 Failures = Annotated[tuple[Reason, ...], at_most(MAX_FAILURES)]
 Count = Annotated[int, within(0, 1 << 62)]
+#: The verdict version a node holds (-1: none yet).
+Seen = Annotated[int, within(-1, 1 << 62)]
 
 
 class NetFacts(msgspec.Struct, frozen=True):
@@ -173,7 +174,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     busy: frozenset[Annotated[str, one_of(WINDOW_KINDS)]] = frozenset()
     net: NetFacts = NetFacts()
     #: The verdict version the node holds; the master answers when it differs (long-poll).
-    seen: Annotated[int, within(-1, 1 << 62)] = -1
+    seen: Seen = -1
     #: The links this node measured (links.measured_peers), once its probes ran.
     links: Annotated[tuple[LinkStat, ...], at_most(MAX_LINKS)] = ()
     #: The node's measured clock offset to the master (wire/stamps.py), if any.

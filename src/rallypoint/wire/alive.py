@@ -18,7 +18,7 @@ import msgspec
 from rallypoint.core.jobs import STATES, JobState
 from rallypoint.core.liveness import MAX_AGE_S, MAX_DETAIL, Age, Down
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import MAX_NODES, Rank, Session, at_most, one_of, text, within
+from rallypoint.model import TOKEN_CHARS, Nodes, Rank, Session, at_most, one_of, text, within
 from rallypoint.wire import jobs as wirejobs
 from rallypoint.wire.fields import dump, host_name, load
 
@@ -36,7 +36,6 @@ MAX_HEARD = 1024
 #: Most job states one answer shows (failures first); the counts cover every node.
 MAX_JOBS_SHOWN = 256
 Version = Annotated[int, within(0, 2**53)]
-Nodes = Annotated[int, within(0, MAX_NODES)]
 
 
 class Alive(msgspec.Struct, frozen=True):
@@ -65,7 +64,7 @@ class AliveAnswer(msgspec.Struct, frozen=True):
     down: Annotated[tuple[Down, ...], at_most(MAX_DOWN)]
     total: Nodes
     #: The answering process (a restarted sidecar has a new one: send it everything again).
-    boot: Annotated[str, text(r"^(?:-|[A-Za-z0-9._:-]{1,64})\Z", "- or a token")] = "-"
+    boot: Annotated[str, text(rf"^(?:-|{TOKEN_CHARS})\Z", "- or a token")] = "-"
     first: JobState | None = None
     #: The answerer's job table version, and the table itself when the asker's is older.
     jobs_version: Version = 0

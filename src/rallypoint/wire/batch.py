@@ -45,7 +45,7 @@ class ReportBatch(msgspec.Struct, frozen=True):
     generation: Token
     relay: Relay
     reports: Annotated[tuple[wire.Report, ...], at_most(MAX_ITEMS)]
-    seen: Annotated[int, within(-1, 1 << 62)] = -1
+    seen: wire.Seen = -1
     hold: bool = True
 
 

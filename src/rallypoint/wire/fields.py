@@ -20,7 +20,7 @@ import msgspec
 
 from rallypoint.core import names
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import MAX_NODES, PATTERN_WORDS
+from rallypoint.model import MAX_NODES, PATTERN_WORDS, TOKEN_CHARS, TOKEN_WORDS
 from rallypoint.reasons import Reason
 
 __all__ = ["MAX_NODES", "TOKEN", "address", "dump", "generation", "host_name", "load"]
@@ -28,7 +28,7 @@ __all__ = ["MAX_NODES", "TOKEN", "address", "dump", "generation", "host_name", "
 T = TypeVar("T")
 
 #: Generations, epochs and interface names (model.Token), for query strings.
-TOKEN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+TOKEN = re.compile(TOKEN_CHARS)
 
 
 def load(body: bytes, kind: type[T], limit: int, what: str) -> T:
@@ -75,9 +75,9 @@ _ENCODER = msgspec.json.Encoder(order="sorted")
 
 
 def generation(value: object, name: str = "after") -> str:
-    """A generation or epoch token from a query string: 1-64 characters of [A-Za-z0-9._:-]."""
+    """A generation or epoch token from a query string (model.Token)."""
     if not isinstance(value, str) or not TOKEN.fullmatch(value):
-        raise PeerMessageError(f"{name} must be 1-64 characters of A-Z a-z 0-9 . _ : -")
+        raise PeerMessageError(f"{name} must be {TOKEN_WORDS}")
     return value
 
 
