@@ -10,10 +10,11 @@ from collections.abc import Callable, Mapping, Sequence
 from rallypoint.core import names
 from rallypoint.core.names import HostProblem
 from rallypoint.errors import ClusterSpecError
-from rallypoint.model import ClusterSpec
+from rallypoint.model import MAX_NODES, ClusterSpec
 
-#: Largest cluster any provider accepts; also caps hostlist expansion (memory bombs).
-MAX_NODES = 65536
+# The largest cluster a document may describe is the largest any provider accepts; it also
+# caps hostlist expansion (memory bombs).
+__all__ = ["MAX_NODES"]
 
 _INT = re.compile(r"[0-9]{1,9}")
 _SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
