@@ -77,6 +77,8 @@ def test_a_healthy_cluster_fires_nothing_and_warns_of_nothing(
         assert secret.encode() not in body.body
 
 
+# It asserts that nothing but the peer-down alert fires: the clean links must measure clean.
+@pytest.mark.quiet_machine
 def test_a_node_killed_after_ready_fires_the_peer_down_alert(
     make_monitored: MakeMonitored,
 ) -> None:
