@@ -30,9 +30,12 @@ def require_module(module: str, install: str) -> None:
     require(importlib.util.find_spec(module) is not None, f"{module} is not installed ({install})")
 
 
-#: Tiers whose tests share one cluster or server per run: each runs on one worker when the
-#: suite runs side by side (pytest-xdist, ``--dist loadgroup``; docs/testing.md).
-ONE_WORKER_TIERS = ("slurm", "monitoring")
+#: Tiers whose tests share one cluster or server per run, or one Docker engine: each runs on
+#: one worker when the suite runs side by side (pytest-xdist, ``--dist loadgroup``;
+#: docs/testing.md). While Docker creates or removes a network it re-inserts its FORWARD
+#: jumps, and for that instant an ``internal`` network passes multicast: one compose session
+#: coming up beside another let mDNS through to the Backend.AI variant, which asserts none.
+ONE_WORKER_TIERS = ("slurm", "monitoring", "compose")
 #: Tiers whose modules share long-lived fixtures: each module runs on one worker.
 ONE_WORKER_MODULES = ("hardening",)
 
