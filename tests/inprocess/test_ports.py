@@ -15,10 +15,14 @@ from rallypoint.errors import PortError
 from rallypoint.net import ports
 from rallypoint.net.ports import HeldPort, Skipped, ephemeral_range, reserve
 from tests.conftest import require
+from tests.support.ports import worker_slice
 from tests.support.tcpstore import run_tcpstore, torch_available
 
-# Well below Linux's ephemeral range and the defaults other tests use.
-TEST_RANGE = (21000, 21999)
+# Below the sidecar's own range (20000-29999), which in-process sidecars on other workers
+# reserve from, and Linux's ephemeral range; side by side, each worker its own slice. A port
+# this module closed and binds again was once taken in between by another worker's test.
+TEST_RANGE = worker_slice(12000, 13999)
+OTHER_RANGE = worker_slice(14000, 15999)
 
 
 def ipv6_available() -> bool:
@@ -172,7 +176,7 @@ def test_context_manager_closes() -> None:
 def test_free_preferred_port_is_taken_first() -> None:
     with reserve([], TEST_RANGE) as probe:
         free = probe.port
-    with reserve([free], (22000, 22999)) as port:
+    with reserve([free], OTHER_RANGE) as port:
         assert port.port == free
         assert port.skipped == ()
 
