@@ -32,10 +32,10 @@ else
 fi
 log "this: $(git rev-parse --short HEAD); against: $(git -C "$THERE" rev-parse --short HEAD)"
 
-prepare() {  # DIR: that checkout's own set-up (system, venv, lint, types, image)
+prepare() {  # DIR TAG: that checkout's own set-up (system, venv, lint, types, image)
     log "set-up of $1 (not timed)"
-    (cd "$1" && CI=true bash scripts/test.sh --collect-only -q >"$LOGS/setup.log" 2>&1) || {
-        log "set-up of $1 failed: $LOGS/setup.log"
+    (cd "$1" && CI=true bash scripts/test.sh --collect-only -q >"$LOGS/setup-$2.log" 2>&1) || {
+        log "set-up of $1 failed: $LOGS/setup-$2.log"
         exit 1
     }
 }
@@ -59,8 +59,8 @@ timed() {  # DIR TAG [PYTEST_ARG...]: that checkout's pytest command, under scri
     printf '%-10s %s |%s\n' "$tag" "${summary:-no summary (see $LOGS/$tag.log)}" "${busy#busy.py:}"
 }
 
-prepare "$THERE"
-prepare "$HERE"
+prepare "$THERE" against
+prepare "$HERE" this
 for round in $(seq 1 "$ROUNDS"); do
     timed "$THERE" "against-$round" "$@"
     timed "$HERE" "this-$round" "$@"
