@@ -32,9 +32,8 @@ def require_module(module: str, install: str) -> None:
 
 #: Tiers whose tests share one cluster or server per run, or one Docker engine: each runs on
 #: one worker when the suite runs side by side (pytest-xdist, ``--dist loadgroup``;
-#: docs/testing.md). While Docker creates or removes a network it re-inserts its FORWARD
-#: jumps, and for that instant an ``internal`` network passes multicast: one compose session
-#: coming up beside another let mDNS through to the Backend.AI variant, which asserts none.
+#: docs/testing.md). The compose sessions share the Docker engine, whose network changes
+#: reach every session's firewall rules.
 ONE_WORKER_TIERS = ("slurm", "monitoring", "compose")
 #: Tiers whose modules share long-lived fixtures: each module runs on one worker.
 ONE_WORKER_MODULES = ("hardening",)
@@ -68,9 +67,10 @@ def side_by_side_group(item: pytest.Item) -> str | None:
     return None
 
 
-#: The order the tiers start in: side by side, the workers take the longest first so that
-#: no long serial tier is left to run alone at the end.
-TIER_ORDER = ("slurm", "compose", "multihost", "monitoring", "hardening", "inprocess", "unit")
+#: The order the tests start in, side by side: the in-process tier beside the measuring tests
+#: (which lock out every busy tier), then the longest tiers so that no long serial one is left
+#: to run alone at the end, and the unit tests last to fill the workers' gaps.
+TIER_ORDER = ("inprocess", "slurm", "compose", "multihost", "monitoring", "hardening", "unit")
 
 
 def _tier_rank(item: pytest.Item) -> int:
@@ -89,9 +89,13 @@ def _start_rank(item: pytest.Item) -> tuple[bool, int]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The controller of a side-by-side run makes the lock its workers share (support/quiet)."""
+    """The controller of a side-by-side run makes the lock its workers share (support/quiet)
+    and keeps the start order above: by default pytest-xdist deals out the groups with the
+    most tests first (``--loadscope-reorder``), which started the measuring tests late, with
+    every busy test of the moment to wait for and the cores idle meanwhile."""
     if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
         quiet.start()
+        config.option.loadscopereorder = False
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
