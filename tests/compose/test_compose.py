@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,9 +72,19 @@ def test_three_node_session(variant: Variant, session: engine.ComposeSession) ->
         for node in variant.nodes:
             ok, detail = session.started_after_init(node)
             assert ok, detail
-            # On the internal network mDNS hears nobody, HTTP did the work, and /status says so.
-            mdns = session.sidecar_status(node)["mdns"]
-            assert mdns["seen_any"] is variant.multicast, (node, mdns)
+            if variant.multicast:  # the ordinary bridge carries mDNS, and /status says so
+                mdns = session.sidecar_status(node)["mdns"]
+                assert mdns["seen_any"], (node, mdns)
+        if not variant.multicast:
+            # On the internal network HTTP does the work: the master logged each worker's join
+            # over its peer API. Whether mDNS heard anyone there is Docker's to say: an
+            # internal network passes multicast for an instant whenever Docker rewrites its
+            # FORWARD jumps (docs/testing.md), so it is not asserted.
+            assert variant.master is not None
+            log = session.container_logs(variant.master)
+            for node in variant.nodes:
+                if node != variant.master:
+                    assert re.search(rf"joined rank=\d+ host={node} remote=\S+", log), log
 
 
 def _check(variant: Variant, results: list[engine.TrainerResult]) -> None:
