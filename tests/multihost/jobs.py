@@ -25,11 +25,11 @@ VERDICT_S = 40.0
 JOB_S = 90.0
 #: gloo's own timeout for the job under a fault (its default is 30 min).
 GLOO_TIMEOUT_S = "15"
-#: How long a job the test expects to fail may run: three times gloo's timeout, and more than
-#: three times a healthy job of these tests takes (under 15 s with every test side by side).
-#: A cut connection can hold gloo's connect past its timeout; such a job is killed here,
-#: which is its fate without rallypoint too (it never completes).
-FAILING_JOB_S = 3 * float(GLOO_TIMEOUT_S)
+#: How long a job the test expects to fail may run: twice gloo's timeout, and twice what a
+#: healthy job of these tests takes (under 15 s with every test side by side). A cut
+#: connection can hold gloo's connect past its timeout; such a job is killed here, which is
+#: its fate without rallypoint too (it never completes).
+FAILING_JOB_S = 2 * float(GLOO_TIMEOUT_S)
 
 Results = dict[str, tuple[int | None, Any]]
 
