@@ -166,6 +166,38 @@ def request(
         conn.close()
 
 
+def herd(port: int, path: str, bodies: Sequence[bytes], *, timeout_s: float) -> list[Reply]:
+    """POST every body at once on its own connection, as that many nodes would, in order.
+
+    Each request is sent whole the moment its connection opens, as a node's sidecar sends
+    it, and every connection is open before any answer is read. An asyncio client in this
+    process would not model that: it shares the GIL with the sidecar's loop thread, so under
+    load it wrote some requests seconds after their connections were accepted, past the
+    peer API's first-request bound (the slowloris defence, server.peer_keepalive_s).
+    """
+    socks: list[socket.socket] = []
+    try:
+        for body in bodies:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+            socks.append(sock)
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)
+        replies = []
+        for sock in socks:
+            resp = http.client.HTTPResponse(sock)
+            resp.begin()
+            data = resp.read()
+            replies.append(Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data))
+        return replies
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def readable(socks: Sequence[socket.socket], timeout_s: float) -> list[socket.socket]:
     """The sockets with data or EOF waiting (poll-based: any fd number)."""
     poller = select.poll()

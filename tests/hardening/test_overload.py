@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import resource
@@ -10,7 +9,6 @@ import socket
 import time
 from collections.abc import Iterator
 
-import aiohttp
 import pytest
 
 from rallypoint import server, wire
@@ -21,6 +19,7 @@ from tests.hardening.harness import (
     LoopThread,
     Node,
     Records,
+    herd,
     readable,
     request,
     start_node,
@@ -161,23 +160,10 @@ def test_two_thousand_concurrent_joins_are_all_served(
             )
             for r in range(1, JOINERS + 1)
         ]
-
-        async def join_all() -> list[tuple[int, bytes]]:
-            url = f"http://127.0.0.1:{node.peer_port}/v1/join"
-            timeout = aiohttp.ClientTimeout(total=90)
-            connector = aiohttp.TCPConnector(limit=0, force_close=True)
-            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as client:
-
-                async def one(body: bytes) -> tuple[int, bytes]:
-                    async with client.post(url, data=body) as resp:
-                        return resp.status, await resp.read()
-
-                return await asyncio.gather(*(one(b) for b in bodies))
-
-        results = asyncio.run(join_all())
-        statuses = [status for status, _ in results]
+        results = herd(node.peer_port, "/v1/join", bodies, timeout_s=90.0)
+        statuses = [reply.status for reply in results]
         assert statuses.count(200) == JOINERS, {s: statuses.count(s) for s in set(statuses)}
-        answers = [wire.parse_join_answer(payload) for _, payload in results]
+        answers = [wire.parse_join_answer(reply.body) for reply in results]
         assert max(a.joined for a in answers) == JOINERS + 1
         generation = next(a.generation for a in answers if a.joined == JOINERS + 1)
         assert generation is not None
@@ -186,21 +172,9 @@ def test_two_thousand_concurrent_joins_are_all_served(
             wire.encode_report(wire.Report(SESSION, generation, r, hosts[r], passed=True))
             for r in range(1, JOINERS + 1)
         ]
-
-        async def report_all() -> list[int]:
-            url = f"http://127.0.0.1:{node.peer_port}/v1/report"
-            timeout = aiohttp.ClientTimeout(total=90)
-            connector = aiohttp.TCPConnector(limit=0, force_close=True)
-            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as client:
-
-                async def one(body: bytes) -> int:
-                    async with client.post(url, data=body) as resp:
-                        await resp.read()
-                        return resp.status
-
-                return await asyncio.gather(*(one(b) for b in reports))
-
-        statuses = asyncio.run(report_all())
+        statuses = [
+            reply.status for reply in herd(node.peer_port, "/v1/report", reports, timeout_s=90.0)
+        ]
         assert statuses.count(200) == JOINERS, {s: statuses.count(s) for s in set(statuses)}
         sidecar = node.sidecar
         readiness = sidecar.node.readiness
