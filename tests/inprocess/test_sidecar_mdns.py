@@ -23,6 +23,7 @@ from rallypoint.mdns.announce import Mdns
 from rallypoint.model import ClusterSpec
 from rallypoint.sidecar import Sidecar
 from tests.fakes import FakeResolver
+from tests.support.mdns import LOOPBACK
 from tests.support.ports import free_port
 from tests.support.settings import fast_settings
 
@@ -71,7 +72,7 @@ class Nodes:
             local_port=self.local_ports[host],
             peer_port=self.peer_ports[host],
             mdns=True,
-            mdns_interfaces=("127.0.0.1",),
+            mdns_interfaces=tuple(LOOPBACK),
             token=TOKEN,
             deadline_s=WAIT_S,
             **changes,
@@ -141,7 +142,11 @@ async def test_discovery_serves_the_local_api_from_the_start_and_converges(
 
     # Another session announcing on the same LAN is ignored, not counted as a node.
     other = Mdns(
-        session=f"{session}-other", host="oscar", peer_port=7781, auth=Authenticator(TOKEN)
+        session=f"{session}-other",
+        host="oscar",
+        peer_port=7781,
+        auth=Authenticator(TOKEN),
+        interfaces=LOOPBACK,
     )
     async with other:
         await other.announce(rank=-1, generation="", addresses=["198.51.100.99"])
@@ -179,7 +184,13 @@ async def test_more_announcers_than_nnodes_is_a_clear_reason(
     async with AsyncExitStack() as extra:
         announcers: dict[str, Mdns] = {}
         for host in ("bravo", "charlie"):
-            mdns = Mdns(session=session, host=host, peer_port=7781, auth=Authenticator(TOKEN))
+            mdns = Mdns(
+                session=session,
+                host=host,
+                peer_port=7781,
+                auth=Authenticator(TOKEN),
+                interfaces=LOOPBACK,
+            )
             announcers[host] = await extra.enter_async_context(mdns)
             await mdns.announce(rank=-1, generation="", addresses=[address(host)])
         alpha = await cluster.start("alpha", 2)
