@@ -149,6 +149,9 @@ def test_a_node_cut_off_is_named_and_names_the_master(make_cluster: MakeCluster)
         # The cut-off node's own sidecar (its local API still answers) names the master.
         mine = wait_for(lambda: named(cut, "main1"), timeout_s=NAMED_S, what="sub3 to name main1")
         assert mine["seen_by"] == "sub3", mine
+        # An interval or more later, with the link still cut, the verdict has not flipped.
+        again = named(cluster["main1"], "sub3")
+        assert again is not None and again["cause"] == found["main1"]["cause"], again
     finally:
         cut.link_up()
     wait_cleared(cluster)

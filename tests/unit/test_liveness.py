@@ -116,6 +116,62 @@ def test_unsettled_until_every_silent_node_is_heard_or_named() -> None:
     assert w.unsettled_s() == 0.0  # named down: settled
 
 
+def test_a_verdict_waits_for_the_attempt_under_way_and_names_what_it_found() -> None:
+    # The master's check of a node cut off began before the bound; under load its timeout
+    # fires a moment after the bound. The verdict waits for it: "timed_out", not "silent".
+    w, clock = watch()
+    w.track([1])
+    clock.now += 3.0
+    with w.trying(1):
+        clock.now += 1.1  # past the 4 s bound, the attempt still under way
+        assert w.own() == []
+        assert w.next_change_s() == pytest.approx(0.9)  # one interval past the bound at most
+        assert w.unsettled_s() == pytest.approx(0.9)
+        w.failed(1, "timed_out", "10.0.0.1:7781: timeout")
+        assert [(d.rank, d.cause) for d in w.own()] == [(1, "timed_out")]
+    assert [(d.rank, d.cause) for d in w.own()] == [(1, "timed_out")]
+
+
+def test_an_attempt_unanswered_one_interval_past_the_bound_is_named_silent() -> None:
+    w, clock = watch()
+    w.track([1])
+    clock.now += 3.5
+    with w.trying(1):
+        clock.now += 1.4
+        assert w.own() == []
+        clock.now += 0.2  # 5.1 s: the attempt's own timeout is long over
+        assert [(d.rank, d.cause) for d in w.own()] == [(1, "silent")]
+
+
+def test_an_attempt_begun_after_the_verdict_does_not_take_it_back() -> None:
+    # Named down with no attempt under way at the bound: a later attempt holds nothing back.
+    w, clock = watch()
+    w.track([1])
+    clock.now += 4.5
+    assert [(d.rank, d.cause) for d in w.own()] == [(1, "silent")]
+    with w.trying(1):
+        assert [d.rank for d in w.own()] == [1]
+    w.heard(1)
+    assert w.own() == []
+
+
+def test_a_verdict_keeps_the_cause_it_was_named_with_until_the_node_is_heard() -> None:
+    w, clock = watch()
+    w.track([1, 2])
+    clock.now += 4.5
+    w.failed(1, "timed_out", "10.0.0.1:7781: timeout")
+    assert [(d.rank, d.cause) for d in w.own()] == [(1, "timed_out"), (2, "silent")]
+    # Later attempts fail otherwise (the neighbour entry expired): the verdict stands; a
+    # "silent" one gives way to what an attempt finds.
+    w.failed(1, "unreachable", "10.0.0.1:7781: no route")
+    w.failed(2, "refused", "10.0.0.2:7781: refused")
+    assert [(d.rank, d.cause) for d in w.own()] == [(1, "timed_out"), (2, "refused")]
+    w.heard(1)
+    clock.now += 4.5
+    w.failed(1, "unreachable", "10.0.0.1:7781: no route")
+    assert [(d.rank, d.cause) for d in w.own()] == [(1, "unreachable"), (2, "refused")]
+
+
 def test_the_view_adds_the_upstreams_findings_but_not_against_our_own_evidence() -> None:
     w, clock = watch(rank=3)
     w.track([0])
@@ -136,7 +192,7 @@ def test_status_and_warning_name_who_since_and_why() -> None:
     w.track([1])
     clock.now += 5.0
     w.failed(1, "timed_out", "10.0.0.1:7781: timeout")
-    section = status(w, wall=lambda: 1000.0)
+    section = status(w, w.view(), wall=lambda: 1000.0)
     assert section["down"] == [
         {"rank": 1, "host": "a", "since": 995.0, "for_s": 5.0, "cause": "timed_out",
          "detail": "10.0.0.1:7781: timeout", "seen_by": "m"}

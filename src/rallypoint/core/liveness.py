@@ -13,8 +13,9 @@ so every node learns within an interval what the master found.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Annotated
 
 import msgspec
@@ -36,7 +37,10 @@ MISSED_AFTER = 1.5
 
 #: Why a node is named down: its peer API refused the connection (host up, sidecar gone),
 #: the request timed out (paused, or the path drops packets), no route or no address
-#: (unreachable), another failure, or only silence (nothing tried it yet).
+#: (unreachable), another failure, or only silence: no attempt of this node's reached an
+#: answer either way (the node is known down from a relay's ages, or this node's own
+#: attempt was still unanswered one interval past the bound). A verdict on a node this node
+#: is trying waits for that attempt, so the cause says what the attempt found (Watch.own).
 CAUSES = ("refused", "timed_out", "unreachable", "failed", "silent")
 #: Longest detail a peer carries (a cut-down error message), in characters.
 MAX_DETAIL = 300
@@ -79,6 +83,14 @@ class Watch:
         #: The upstream ranks among the watched (named down one interval later).
         self._upstreams: frozenset[int] = frozenset()
         self._failure: dict[int, tuple[str, str]] = {}
+        #: The cause (and detail) each rank named down was named with: kept until it is heard
+        #: again, so a verdict does not change its mind (timed_out, then unreachable once the
+        #: neighbour entry expires) while the node stays down. Only "silent" gives way to
+        #: what a later attempt finds.
+        self._named: dict[int, tuple[str, str]] = {}
+        #: When each attempt to reach a rank that has not ended yet began (keep-alives in
+        #: flight), by rank.
+        self._trying: dict[int, list[float]] = {}
         #: The upstream's last answer: its rank, what it named and when (for_s as of then).
         self._upstream: tuple[int, tuple[Down, ...], float] = (-1, (), 0.0)
         #: Whether watching began (after this node's first ready).
@@ -96,6 +108,7 @@ class Watch:
             if rank not in wanted:
                 del self._heard[rank]
                 self._failure.pop(rank, None)
+                self._named.pop(rank, None)
         for rank in wanted:
             self._heard.setdefault(rank, now)
 
@@ -117,11 +130,27 @@ class Watch:
         if news:
             self._heard[rank] = at
             self._failure.pop(rank, None)
+            self._named.pop(rank, None)
 
     def failed(self, rank: int, cause: str, detail: str) -> None:
         """An attempt to reach ``rank`` failed (it counts as silence, with its cause)."""
         if rank in self._heard:
             self._failure[rank] = (cause if cause in CAUSES else "failed", detail)
+
+    @contextlib.contextmanager
+    def trying(self, rank: int) -> Iterator[None]:
+        """Around an attempt to reach ``rank``: while it lasts, a verdict without a cause
+        waits for it (heard() or failed() end it with what it found)."""
+        began = self._clock()
+        self._trying.setdefault(rank, []).append(began)
+        try:
+            yield
+        finally:
+            under_way = self._trying.get(rank, [])
+            if began in under_way:
+                under_way.remove(began)
+            if not under_way:
+                self._trying.pop(rank, None)
 
     def ages(self, ranks: Iterable[int]) -> list[tuple[int, float]]:
         """(rank, seconds since heard) of the watched ``ranks``: what a relay passes on."""
@@ -137,10 +166,26 @@ class Watch:
         """Seconds of silence before ``rank`` is named down from here."""
         return self.upstream_down_after_s if rank in self._upstreams else self.down_after_s
 
+    def _named_at(self, rank: int, at: float) -> float:
+        """When ``rank``, last heard at ``at``, is named down from here.
+
+        At its bound; but when an attempt to reach it was under way at the bound and no
+        failure told why yet, one interval later at most (an attempt's own timeout is at most
+        one interval), so the verdict names what the attempt found, not "silent" because the
+        answer was a moment late (a loaded loop). The attempt's end publishes the verdict at
+        once. An attempt begun after the bound holds nothing back: a node named down stays
+        named until it is heard.
+        """
+        bound = at + self.bound_s(rank)
+        under_way = self._trying.get(rank)
+        if under_way and min(under_way) <= bound and rank not in self._failure:
+            return bound + self.interval_s
+        return bound
+
     def next_change_s(self) -> float | None:
         """Seconds until the next watched rank's silence reaches its bound (None: none left)."""
         now = self._clock()
-        left = [at + self.bound_s(r) - now for r, at in self._heard.items()]
+        left = [self._named_at(r, at) - now for r, at in self._heard.items()]
         ahead = [s for s in left if s >= 0]
         return min(ahead) if ahead else None
 
@@ -153,7 +198,7 @@ class Watch:
         job's failure for the first one (docs/run.md).
         """
         now, missed = self._clock(), MISSED_AFTER * self.interval_s
-        left = [at + self.bound_s(r) - now for r, at in self._heard.items() if now - at >= missed]
+        left = [self._named_at(r, at) - now for r, at in self._heard.items() if now - at >= missed]
         return max([0.0, *left])
 
     def upstream(self, rank: int, downs: Sequence[Down]) -> None:
@@ -161,12 +206,15 @@ class Watch:
         self._upstream = (rank, tuple(downs), self._clock())
 
     def own(self) -> list[Down]:
-        """The watched ranks silent past the bound, by rank."""
+        """The watched ranks silent past the bound (see _named_at), by rank."""
         now = self._clock()
         out = []
         for rank, at in sorted(self._heard.items()):
-            if now - at > self.bound_s(rank):
-                cause, detail = self._failure.get(rank, ("silent", "no keep-alive arrived"))
+            if now > self._named_at(rank, at):
+                cause, detail = self._named.get(rank, ("silent", ""))
+                if cause == "silent":
+                    cause, detail = self._failure.get(rank, ("silent", "no keep-alive arrived"))
+                    self._named[rank] = (cause, detail)
                 out.append(
                     Down(rank, self.hosts[rank], now - at, cause, detail, self.hosts[self.rank])
                 )
@@ -199,8 +247,16 @@ class Watch:
         return all(d.rank != rank for d in self.view())
 
 
-def status(watch: Watch | None, wall: Callable[[], float] = time.time) -> dict[str, object]:
-    """The /status section: the bound, what is watched, and every node named down."""
+def aged(downs: Iterable[Down], by_s: float) -> list[Down]:
+    """``downs`` as they stand ``by_s`` seconds after they were named."""
+    return [msgspec.structs.replace(d, for_s=min(MAX_AGE_S, d.for_s + by_s)) for d in downs]
+
+
+def status(
+    watch: Watch | None, downs: Sequence[Down] = (), wall: Callable[[], float] = time.time
+) -> dict[str, object]:
+    """The /status section: the bound, what is watched, and ``downs``, the nodes the last
+    verdict named down (the same verdict the warnings, the gauges and the log show)."""
     if watch is None:
         return {"enabled": False, "watching": False, "down": []}
     now = wall()
@@ -221,7 +277,7 @@ def status(watch: Watch | None, wall: Callable[[], float] = time.time) -> dict[s
                 "detail": d.detail,
                 "seen_by": d.seen_by,
             }
-            for d in watch.view()
+            for d in downs
         ],
     }
 

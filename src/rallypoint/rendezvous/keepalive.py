@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from rallypoint.core import fanout, names
 from rallypoint.core.jobs import JobState
-from rallypoint.core.liveness import Down, Watch, warning
+from rallypoint.core.liveness import Down, Watch, aged, warning
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.net import resolve
 from rallypoint.rendezvous.context import NodeContext
@@ -54,7 +55,9 @@ class Keepalive:
         self.relay = None if spec.is_master else fanout.relay_of(spec.rank, self.size)
         #: The ranks we relay for (empty unless we are a relay).
         self.group = tuple(fanout.group(spec.rank, self.size, spec.nnodes))
+        #: The last verdict: every node it named down, and when it was taken (monotonic).
         self._named: dict[int, Down] = {}
+        self._named_at = time.monotonic()
         self._interval = watch.interval_s
         self._up = asyncio.Event()
         self._down = asyncio.Event()
@@ -177,6 +180,11 @@ class Keepalive:
         )
         return self.jobs.with_jobs(down, alive.jobs_seen)
 
+    def named(self) -> list[Down]:
+        """The nodes the last verdict named down, aged to now: what /status shows, so that
+        its down list, its warnings, the gauges and the log never disagree."""
+        return aged(self._named.values(), time.monotonic() - self._named_at)
+
     def _upstream(self) -> int:
         return 0 if self.relay is None else self.relay
 
@@ -213,6 +221,10 @@ class Keepalive:
         self, rank: int, body: bytes, timeout_s: float, *, upstream: bool = False
     ) -> bool:
         """One keep-alive to ``rank``; whether it answered (its view kept when ``upstream``)."""
+        with self.watch.trying(rank):
+            return await self._try(rank, body, timeout_s, upstream=upstream)
+
+    async def _try(self, rank: int, body: bytes, timeout_s: float, *, upstream: bool) -> bool:
         ctx = self.ctx
         host = ctx.spec.hosts[rank]
         res = await resolve.check(
@@ -265,7 +277,7 @@ class Keepalive:
             if rank != spec.rank:
                 metrics.peer_up.labels(spec.hosts[rank]).set(0 if rank in view else 1)
         metrics.peers_down.set(len(view))
-        self._named = view
+        self._named, self._named_at = view, time.monotonic()
         self.ctx.readiness.liveness_warnings = [warning(d) for d in list(view.values())[:8]]
         if len(view) > 8:
             self.ctx.readiness.liveness_warnings.append(f"{len(view) - 8} more nodes are down")

@@ -139,12 +139,16 @@ class Rendezvous(AsyncResource):
         """The /status sections beside the core document (the sidecar replaces "mdns")."""
         return {
             "mdns": lambda: {"enabled": False, "error": None},
-            "liveness": lambda: liveness.status(
-                None if self.keepalive is None else self.keepalive.watch, self.offsets.wall
-            ),
+            "liveness": self._liveness_status,
             "job": self.job_status,
             "clock": self.offsets.status,
         }
+
+    def _liveness_status(self) -> dict[str, object]:
+        keepalive = self.keepalive
+        if keepalive is None:
+            return liveness.status(None)
+        return liveness.status(keepalive.watch, keepalive.named(), self.offsets.wall)
 
     # -- lifecycle ----------------------------------------------------------------------
 
