@@ -49,3 +49,20 @@ async def test_a_specific_peer_address_is_the_only_one() -> None:
     async with Sidecar(settings, {}, resolver=FakeResolver(), spec=spec) as sidecar:
         assert sidecar.listeners is not None
         assert sidecar.listeners.peer_bound == [("127.0.0.1", peer_port)]
+
+
+async def test_the_peer_client_drops_an_idle_connection_before_any_peer_api_would() -> None:
+    # A pooled connection reused as the peer closes it at its keep-alive timeout fails with
+    # ServerDisconnectedError: the client's own idle bound must come first.
+    from rallypoint import server
+    from rallypoint.auth import Authenticator
+    from rallypoint.net import peerhttp
+
+    assert peerhttp.IDLE_S < server.KEEPALIVE_S <= server.peer_keepalive_s(1)
+    client = peerhttp.PeerClient(Authenticator(None), exchange_s=1.0, long_poll_s=1.0)
+    client.open()
+    try:
+        connector = client._client().connector
+        assert connector is not None and connector._keepalive_timeout == peerhttp.IDLE_S
+    finally:
+        await client.close()
