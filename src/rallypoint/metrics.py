@@ -246,6 +246,19 @@ class Metrics:
         )
         for cause in JOB_FAILURE_CAUSES:
             self.job_failures.labels(cause)
+        self.job_restarts = counter(
+            "rallypoint_job_restarts",
+            "Attempts of the job this node saw start after a failed one, by the failed "
+            "attempt's first failure (exited, killed, terminated, lost)",
+            "cause",
+        )
+        for cause in JOB_FAILURE_CAUSES:
+            self.job_restarts.labels(cause)
+        self.job_attempt = gauge(
+            "rallypoint_job_attempt",
+            "The attempt of the job the cluster started last, from 0 (-1: none yet)",
+        )
+        self.job_attempt.set(-1)
 
     @property
     def registry(self) -> CollectorRegistry:

@@ -135,7 +135,8 @@ def test_states_and_reports_round_trip() -> None:
     [
         (
             {"state": "lost", "started": 1},
-            r"Expected one of running, terminated, stopped, exited, killed - at `\$\.state`",
+            r"Expected one of starting, running, terminated, stopped, exited, killed - at "
+            r"`\$\.state`",
         ),
         ({"state": "exited", "started": 1}, "an exited job needs its code"),
         ({"state": "killed", "started": 1}, "a killed job needs its signal"),

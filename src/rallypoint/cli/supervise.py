@@ -10,21 +10,30 @@ import click
 
 from rallypoint.cli import rules
 from rallypoint.cli.options import client_options, opt, quiet_option, wait_timeout
-from rallypoint.cli.output import Command
+from rallypoint.cli.output import EXIT_USAGE, Command, exit_code
 from rallypoint.cli.setup import base_url, setup
 from rallypoint.cli.waiting import served_env
 from rallypoint.core.jobs import LOST_EXIT_CODE
+from rallypoint.errors import RallypointError
 
 #: Seconds between SIGTERM and SIGKILL: long enough for a trainer's exit handlers and a
 #: process group's data-loader workers, short against a scheduler's own kill timeout
 #: (Slurm's KillWait is 30 s; Kubernetes' terminationGracePeriodSeconds 30 s).
 GRACE_S = 10.0
+#: Seconds the nodes wait for every node to start the next attempt after a failure: a node
+#: lost and coming back needs its container restarted (compose restarts at once; Kubernetes
+#: restarts in place after a 10 s, then 20 s back-off), its sidecar ready again (a few
+#: seconds) and its `run` started: 60 s covers the first two back-offs with room to spare
+#: (docs/run.md "Restarting in place").
+REJOIN_TIMEOUT_S = 60
 
 
 @click.command(
     "run",
     cls=Command,
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    # An option run does not know, before the command, is an error at once (exit 2): it
+    # must not become the command, found missing only after the wait.
+    context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False},
 )
 @wait_timeout
 @opt(
@@ -41,6 +50,21 @@ GRACE_S = 10.0
     rule=rules.Int("N", 1, 255, "an exit status: use an integer 1-255"),
     default=LOST_EXIT_CODE,
 )
+@opt(
+    "--restarts",
+    "Start the job again on every node, as the next attempt, up to N times when an attempt"
+    " fails (a crash, a lost node that came back); never after a stop from outside.",
+    envvar="RALLYPOINT_RESTARTS",
+    rule=rules.Int("N", 0, 1_000_000, "a whole number of restarts: use 0 or more, e.g. 3"),
+    default=0,
+)
+@opt(
+    "--rejoin-timeout",
+    "Seconds every node waits, after a failed attempt, for all nodes to start the next.",
+    envvar="RALLYPOINT_REJOIN_TIMEOUT",
+    rule=rules.Int("S", 0, 86_400, "a whole number of seconds: use 0 or more, e.g. 60"),
+    default=REJOIN_TIMEOUT_S,
+)
 @quiet_option
 @client_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -51,13 +75,22 @@ def run(
     timeout: float,
     grace: float,
     lost_exit_code: int,
+    restarts: int,
+    rejoin_timeout: int,
     command: tuple[str, ...],
     **_: Any,
 ) -> None:
     """Wait until ready, then run COMMAND as a supervised child: stop it when the job fails
     on any node, and exit with a status a scheduler can act on."""
     settings, _environ = setup(ctx)
-    values = served_env(ctx, settings, timeout)
+    try:
+        values = served_env(ctx, settings, timeout)
+    except RallypointError as exc:
+        if exit_code(exc) == EXIT_USAGE:
+            raise
+        # The job never started here: "try again", not "the job failed" (docs/run.md).
+        click.echo(f"error: {exc}; the job was not started: exit {lost_exit_code}", err=True)
+        raise click.exceptions.Exit(lost_exit_code) from exc
     from rallypoint.cli.supervisor import Supervisor
 
     sys.stdout.flush()
@@ -69,5 +102,8 @@ def run(
         grace_s=grace,
         lost_code=lost_exit_code,
         say=lambda text: click.echo(text, err=True),
+        restarts=restarts,
+        rejoin_timeout_s=float(rejoin_timeout),
+        start_timeout_s=timeout or None,
     )
     raise click.exceptions.Exit(supervisor.run())

@@ -1,5 +1,9 @@
 """`rallypoint run`'s supervision: the job as a child in its own process group, stopped when
-the cluster says so (docs/run.md).
+the cluster says so, started again on every node with restarts (docs/run.md).
+
+Each start of the child is an attempt of the cluster's job: `run` reports that it is
+starting and waits until its sidecar says the attempt started on every node (GET /job's
+"start"), so no two attempts overlap and none starts on fewer nodes than the world size.
 
 The child runs in a new session (its own process group), so the whole job, data-loader
 workers included, is signalled as one and nothing of it is left behind. Three threads: the
@@ -38,6 +42,18 @@ SETTLE_S = 0.5
 #: The longest it waits while a node it keeps alive with is silent (the sidecar says how long
 #: until that node is named down: 15 s at the default interval); a bound against bad values.
 UNSETTLED_MAX_S = 120.0
+#: Longest single wait for the attempt's start; the loop looks at signals and its bound.
+START_POLL_S = 1.0
+#: After this long at the start, `run` says once what it waits for.
+START_SAY_S = 3.0
+
+
+class Outcome:
+    """How one attempt ended here: the status, and whether a restart may follow."""
+
+    def __init__(self, status: int, restartable: bool) -> None:
+        self.status = status
+        self.restartable = restartable
 
 
 class Supervisor:
@@ -52,6 +68,9 @@ class Supervisor:
         grace_s: float,
         lost_code: int,
         say: Callable[[str], None],
+        restarts: int = 0,
+        rejoin_timeout_s: float = 60.0,
+        start_timeout_s: float | None = None,
     ) -> None:
         self.command = list(command)
         self.env = dict(env)
@@ -59,6 +78,12 @@ class Supervisor:
         self.grace_s = grace_s
         self.lost_code = lost_code
         self.say = say
+        self.restarts = restarts
+        self.rejoin_timeout_s = rejoin_timeout_s
+        self.start_timeout_s = start_timeout_s
+        #: The attempt the child runs in, and what it ends with: new for each attempt.
+        self._attempt = 0
+        self._over = threading.Event()
         self._events: queue.Queue[tuple[str, object]] = queue.Queue()
         self._child: subprocess.Popen[bytes] | None = None
         self._started = 0.0
@@ -77,32 +102,115 @@ class Supervisor:
         # on, not a default action that kills `run` and leaves the job alone.
         previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
         try:
-            return self._start_and_supervise()
+            return self._attempts()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _start_and_supervise(self) -> int:
+    def _attempts(self) -> int:
+        """Every attempt this run takes part in: the first, then one per restart."""
+        left, bound, last = self.restarts, self.start_timeout_s, None
+        while True:
+            attempt = self._wait_start(bound)
+            if attempt is None:
+                if self._terminated is not None:
+                    return 128 + self._terminated
+                if last is None:
+                    self.say(
+                        f"rallypoint: the job did not start on every node within {bound:g} s;"
+                        f" exit {self.lost_code}: try again"
+                    )
+                    return self.lost_code
+                self.say(
+                    f"rallypoint: not every node came back within --rejoin-timeout "
+                    f"{self.rejoin_timeout_s:g}s; exit {last.status}"
+                )
+                return last.status
+            last = self._one_attempt(attempt)
+            if not last.restartable or left == 0 or self._terminated is not None:
+                return last.status
+            left -= 1
+            self.say(
+                f"rallypoint: restarting: attempt {attempt + 1} on every node"
+                f" ({self.restarts - left} of --restarts {self.restarts})"
+            )
+            bound = self.rejoin_timeout_s
+
+    def _wait_start(self, bound_s: float | None) -> int | None:
+        """Report starting, and wait until the sidecar says which attempt to start (None:
+        not within ``bound_s``, or stopped from outside meanwhile)."""
+        body = wirejobs.encode_report(wirejobs.Report("starting", self._started))
+        began = time.monotonic()
+        view: dict[str, object] | None = None
+        gone = said = False
+        while self._terminated is None:
+            waited = time.monotonic() - began
+            if bound_s is not None and waited > bound_s:
+                return None
+            try:
+                if view is None:
+                    view = client.report_job(self.url, body)
+                else:
+                    version = int(_number(view.get("version")) or 0)
+                    later = client.job(self.url, version, START_POLL_S)
+                    view = None if later.get("boot") != view.get("boot") else later
+                    if view is None:
+                        continue  # the sidecar restarted: it must hear we are starting
+            except RallypointError as exc:
+                if not gone:
+                    self.say(f"rallypoint: warning: {exc}; waiting for the sidecar to start")
+                    gone = True
+                view = None
+                time.sleep(RETRY_S)
+                continue
+            start = view.get("start")
+            if isinstance(start, int) and not isinstance(start, bool):
+                return start
+            if not said and waited >= START_SAY_S:
+                said = True
+                self.say(f"rallypoint: waiting for every node to start: {_starting(view)}")
+        return None
+
+    def _one_attempt(self, attempt: int) -> Outcome:
+        """Run the child once, as ``attempt``, until it ends or the cluster stops it."""
+        if self._terminated is not None:
+            return Outcome(128 + self._terminated, False)  # stopped as the attempt began
+        self._attempt = attempt
+        self._over = threading.Event()
+        self._events = queue.Queue()
+        self._ended_at = None
+        env = {
+            **self.env,
+            "RALLYPOINT_ATTEMPT": str(attempt),
+            "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        }
         try:
             self._child = subprocess.Popen(
-                self.command, env=self.env, start_new_session=True, preexec_fn=_die_with_parent
+                self.command, env=env, start_new_session=True, preexec_fn=_die_with_parent
             )
         except FileNotFoundError:
             self.say(f"error: {self.command[0]!r} not found: check the command and PATH")
-            return 127
+            return Outcome(127, False)
         except OSError as exc:
             self.say(
                 f"error: cannot run {self.command[0]!r}: {exc.strerror or exc}:"
                 " check that it is an executable file"
             )
-            return 126
-        for signum in self._pending:
+            return Outcome(126, False)
+        pending, self._pending = self._pending, []
+        for signum in pending:
             self._signal_group(signum)
+        events, over = self._events, self._over
         threading.Thread(target=self._reap, name="rallypoint-reap", daemon=True).start()
-        threading.Thread(target=self._watch, name="rallypoint-watch", daemon=True).start()
-        return self._supervise()
+        threading.Thread(
+            target=self._watch, args=(events, over), name="rallypoint-watch", daemon=True
+        ).start()
+        try:
+            return self._supervise()
+        finally:
+            over.set()
 
-    def _supervise(self) -> int:
+    def _supervise(self) -> Outcome:
         while True:
             try:
                 kind, value = self._events.get(timeout=1.0)
@@ -118,10 +226,11 @@ class Supervisor:
     # -- the child ----------------------------------------------------------------------
 
     def _reap(self) -> None:
-        assert self._child is not None
-        returncode = self._child.wait()
+        child, events = self._child, self._events
+        assert child is not None
+        returncode = child.wait()
         self._ended_at = time.time()
-        self._events.put(("exit", returncode))
+        events.put(("exit", returncode))
 
     def _forward(self, signum: int, _frame: FrameType | None) -> None:
         """A signal for `run`: an outside stop is reported first, then the group gets it."""
@@ -129,8 +238,10 @@ class Supervisor:
             self._terminated = signum
             self._terminated_at = time.time()
             # The others must hear of an outside stop (preempted, evicted, `docker stop`)
-            # before their collectives fail on this node's closed connections.
-            self._report("terminated", signal=signum, at=self._terminated_at, timeout_s=2.0)
+            # before their collectives fail on this node's closed connections; waiting to
+            # start, no child runs, and the next attempt simply does not start here.
+            if self._child is not None and self._child.poll() is None:
+                self._report("terminated", signal=signum, at=self._terminated_at, timeout_s=2.0)
         if self._child is None:
             self._pending.append(signum)  # passed on as soon as the child is there
             return
@@ -147,7 +258,7 @@ class Supervisor:
             return True  # a member changed its credentials: it is still there
         return True
 
-    def _ended(self, returncode: int) -> int:
+    def _ended(self, returncode: int) -> Outcome:
         """The child ended by itself: report it, clear the group, exit with its status.
 
         A child that failed after another node's failure reached the cluster failed because
@@ -162,17 +273,19 @@ class Supervisor:
         else:
             view = self._report("killed", signal=-returncode, at=at)
         self._clear_group()
-        if status == 0 or view is None:
-            return status
+        if status == 0:
+            return Outcome(0, False)
+        if view is None:
+            return Outcome(status, False)  # no sidecar: no cluster to restart with
         if view.get("stop") is not True:
             view = self._settled(view)
         first = view.get("first")
         if not isinstance(first, dict):
-            return status
+            return Outcome(status, True)
         if view.get("stop") is True:
             status = jobs.exit_status(_state(first), self.lost_code)
         self.say(f"rallypoint: {_line(first, _number(first.get('ago_s')))}; exit {status}")
-        return status
+        return Outcome(status, first.get("state") != "terminated")
 
     def _settled(self, view: dict[str, object]) -> dict[str, object]:
         """The view once an earlier failure elsewhere would be known.
@@ -201,7 +314,7 @@ class Supervisor:
                 return view
         return view
 
-    def _stop(self, view: dict[str, object]) -> int:
+    def _stop(self, view: dict[str, object]) -> Outcome:
         """Another node failed first (or this one is lost): stop the job, exit with the status."""
         first = view.get("first")
         assert isinstance(first, dict)
@@ -215,7 +328,7 @@ class Supervisor:
         self._clear_group()
         status = jobs.exit_status(_state(first), self.lost_code)
         self.say(f"rallypoint: {_line(first, _number(first.get('ago_s')))}; exit {status}")
-        return status
+        return Outcome(status, first.get("state") != "terminated")
 
     def _wait_child(self, timeout_s: float | None) -> bool:
         assert self._child is not None
@@ -249,19 +362,19 @@ class Supervisor:
         at: float | None = None,
         timeout_s: float = REPORT_TIMEOUT_S,
     ) -> dict[str, object] | None:
-        report = wirejobs.Report(state, self._started, code, signal, at)
+        report = wirejobs.Report(state, self._started, code, signal, at, self._attempt)
         body = wirejobs.encode_report(report)
         try:
             return client.report_job(self.url, body, timeout_s=timeout_s)
         except RallypointError:
             return None  # the watcher says once that the sidecar is gone
 
-    def _watch(self) -> None:
-        """Report the start, then long-poll the sidecar for a stop, for as long as we run."""
+    def _watch(self, events: queue.Queue[tuple[str, object]], over: threading.Event) -> None:
+        """Report the start, then long-poll the sidecar for a stop, until the attempt is over."""
         boot: object = None
         version = -1
         gone = False
-        while True:
+        while not over.is_set():
             try:
                 if boot is None:
                     view = client.report_job(self.url, self._running_body())
@@ -291,16 +404,21 @@ class Supervisor:
             boot = view.get("boot")
             version = int(_number(view.get("version")) or 0)
             if view.get("stop") is True:
-                self._events.put(("stop", view))
+                events.put(("stop", view))
                 return
 
     def _running_body(self) -> bytes:
         if self._terminated is not None:
             state = wirejobs.Report(
-                "terminated", self._started, None, self._terminated, self._terminated_at
+                "terminated",
+                self._started,
+                None,
+                self._terminated,
+                self._terminated_at,
+                self._attempt,
             )
         else:
-            state = wirejobs.Report("running", self._started)
+            state = wirejobs.Report("running", self._started, attempt=self._attempt)
         return wirejobs.encode_report(state)
 
 
@@ -337,6 +455,7 @@ def _number(value: object) -> float | None:
 def _state(first: Mapping[str, object]) -> jobs.JobState:
     """The first failure as the local API shows it, back as a state (for its exit status)."""
     code, number = first.get("code"), first.get("signal")
+    attempt = first.get("attempt")
     return jobs.JobState(
         rank=int(_number(first.get("rank")) or 0),
         host=str(first.get("host")),
@@ -344,8 +463,18 @@ def _state(first: Mapping[str, object]) -> jobs.JobState:
         code=code if isinstance(code, int) else None,
         signal=number if isinstance(number, int) else None,
         detail=str(first.get("detail") or ""),
+        attempt=attempt if isinstance(attempt, int) and attempt >= 0 else 0,
     )
 
 
 def _line(first: Mapping[str, object], before_s: float | None) -> str:
     return jobs.line(_state(first), before_s)
+
+
+def _starting(view: Mapping[str, object]) -> str:
+    """How many nodes are starting, from a job view: "3 of 4 nodes starting attempt 1"."""
+    counts, own = view.get("counts"), view.get("own")
+    total = sum(v for v in counts.values() if isinstance(v, int)) if isinstance(counts, dict) else 0
+    starting = counts.get("starting", 0) if isinstance(counts, dict) else 0
+    attempt = own.get("attempt") if isinstance(own, dict) else None
+    return f"{starting} of {total} nodes starting attempt {attempt}"

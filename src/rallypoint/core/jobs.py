@@ -10,6 +10,13 @@ A failure is a job that ended non-zero or by a signal, a node whose `run` was st
 outside (SIGTERM, SIGINT or SIGHUP: preempted, evicted, `docker stop`), and a node named
 lost while its job ran. A job that exited 0 is done, and a job this node stopped because
 another failed first is a consequence: neither is a failure.
+
+Every run belongs to an **attempt**, numbered by the cluster from 0 (docs/run.md
+"Restarting in place"). A `run` that is about to start its child is *starting* for the next
+attempt; the master starts an attempt (``JobBook.go``) once every node is starting for it, so
+no attempt starts on fewer nodes than the world size and none starts while an earlier one
+still runs anywhere. A failure belongs to its attempt: it stops that attempt's runs, and no
+later one.
 """
 
 from __future__ import annotations
@@ -23,10 +30,18 @@ import msgspec
 from rallypoint.model import Rank, at_most, one_of, within
 
 #: Every state a node's job can be in; the order is the order they may follow each other.
-STATES = ("waiting", "running", "terminated", "stopped", "exited", "killed", "lost")
+STATES = ("waiting", "starting", "running", "terminated", "stopped", "exited", "killed", "lost")
 _ORDER = {state: index for index, state in enumerate(STATES)}
 #: What `rallypoint run` reports to its own sidecar (lost is only ever named by the others).
-REPORTED = ("running", "terminated", "stopped", "exited", "killed")
+REPORTED = ("starting", "running", "terminated", "stopped", "exited", "killed")
+#: The states a job's attempt has ended in, on its node.
+ENDED = ("stopped", "exited", "killed", "lost")
+#: Attempts are numbered from 0; -1 stands for "none started yet".
+MAX_ATTEMPT = 2**31 - 1
+Attempt = Annotated[int, within(0, MAX_ATTEMPT)]
+Go = Annotated[int, within(-1, MAX_ATTEMPT)]
+#: Earlier attempts' first failures kept for /status (the newest ones).
+KEPT_ATTEMPTS = 16
 #: Longest detail carried (a lost node's cause), in characters.
 MAX_DETAIL = 300
 #: Times are Unix seconds up to the year 2286; 0.0 means "not yet".
@@ -60,6 +75,8 @@ class JobState(msgspec.Struct, frozen=True, omit_defaults=True):
     signal: Signal | None = None
     #: lost: why (the liveness cause and detail).
     detail: Annotated[str, at_most(MAX_DETAIL)] = ""
+    #: The attempt this state belongs to (starting: the attempt it waits to start).
+    attempt: Attempt = 0
 
     @property
     def failed(self) -> bool:
@@ -69,9 +86,10 @@ class JobState(msgspec.Struct, frozen=True, omit_defaults=True):
         return self.state in ("killed", "terminated", "lost")
 
     @property
-    def key(self) -> tuple[float, int, float]:
-        """Newer states compare greater: a later run, then a later state, then a later stamp."""
-        return (self.started, _ORDER[self.state], self.since)
+    def key(self) -> tuple[int, float, int, float]:
+        """Newer states compare greater: a later attempt, a later run, a later state, a later
+        stamp."""
+        return (self.attempt, self.started, _ORDER[self.state], self.since)
 
 
 def signal_name(number: int | None) -> str:
@@ -96,6 +114,8 @@ def describe(job: JobState) -> str:
         return f"lost: {job.detail}" if job.detail else "lost"
     if job.state == "stopped":
         return "stopped by the cluster"
+    if job.state == "starting":
+        return f"starting attempt {job.attempt}"
     return job.state
 
 
@@ -128,7 +148,8 @@ def stops(first: JobState | None, rank: int) -> bool:
 
 
 def line(first: JobState, before_s: float | None) -> str:
-    """One line naming the first failure: node, rank, what, when (relative to now)."""
+    """One line naming the first failure: node, rank, what, when (relative to now), and its
+    attempt when it is not the first."""
     when = ""
     if before_s is not None:
         when = (
@@ -136,28 +157,50 @@ def line(first: JobState, before_s: float | None) -> str:
             if before_s >= 0
             else f", {-before_s:.1f} s after this node's stop"
         )
-    return f"first failure: {first.host} (rank {first.rank}) {describe(first)}{when}"
+    attempt = f" in attempt {first.attempt}" if first.attempt else ""
+    return f"first failure{attempt}: {first.host} (rank {first.rank}) {describe(first)}{when}"
 
 
 class JobBook:
-    """What one node knows of every node's job: last states, failures, and the first one."""
+    """What one node knows of every node's job: last states, each attempt's failures and
+    first failure, and the attempt the cluster started last."""
 
     def __init__(self, hosts: Iterable[str]) -> None:
         self.hosts = tuple(hosts)
         self._states: dict[int, JobState] = {}
-        self._failures: dict[int, JobState] = {}
+        #: (attempt, rank) -> that node's failure in that attempt.
+        self._failures: dict[tuple[int, int], JobState] = {}
+        #: attempt -> its first failure (the newest KEPT_ATTEMPTS attempts').
+        self._firsts: dict[int, JobState] = {}
         #: Nodes per state, kept as states change: counts() is read at every change.
         self._counts = dict.fromkeys(STATES, 0)
         self._counts["waiting"] = len(self.hosts)
-        self.first: JobState | None = None
+        #: attempt -> how many nodes are starting for it.
+        self._starting: dict[int, int] = {}
+        #: The attempt the cluster started last (-1: none yet).
+        self.go = -1
         #: Goes up by one with every change: readers wait for a version after theirs.
         self.version = 0
+
+    @property
+    def first(self) -> JobState | None:
+        """The first failure of the attempt started last."""
+        return self._firsts.get(self.go)
+
+    def first_of(self, attempt: int) -> JobState | None:
+        """The first failure of ``attempt`` (None: none known)."""
+        return self._firsts.get(attempt)
+
+    def firsts(self) -> list[JobState]:
+        """Each earlier attempt's first failure that is kept, oldest first."""
+        return [self._firsts[a] for a in sorted(self._firsts)]
 
     def note(self, job: JobState) -> bool:
         """Take ``job`` if it is newer than what is known of its node; whether anything changed.
 
-        Every failure is kept (the first of each node), so a node's later state (a lost node's
-        sidecar back, an end after a stop from outside) never hides it.
+        Every failure is kept (each node's first in each attempt), so a node's later state (a
+        lost node's sidecar back, an end after a stop from outside) never hides it. A state
+        of an attempt past ``go`` that is not starting says the cluster started that attempt.
         """
         if not 0 <= job.rank < len(self.hosts) or job.state not in _ORDER:
             return False
@@ -167,26 +210,64 @@ class JobBook:
             self._states[job.rank] = job
             self._counts["waiting" if known is None else known.state] -= 1
             self._counts[job.state] += 1
+            self._count_starting(known, -1)
+            self._count_starting(job, +1)
             changed = True
-        if job.failed and job.rank not in self._failures:
-            self._failures[job.rank] = job
+        if job.state not in ("waiting", "starting") and job.attempt > self.go:
+            self.go = job.attempt
             changed = True
-            if self.first is None or _earlier(job, self.first):
-                self.first = job
+        key = (job.attempt, job.rank)
+        if job.failed and key not in self._failures:
+            self._failures[key] = job
+            changed = True
+            first = self._firsts.get(job.attempt)
+            if first is None or _earlier(job, first):
+                self._firsts[job.attempt] = job
+                for old in sorted(self._firsts)[:-KEPT_ATTEMPTS]:
+                    del self._firsts[old]
         if changed:
             self.version += 1
         return changed
 
-    def has_failed(self, rank: int) -> bool:
-        """Whether a failure of ``rank`` is known."""
-        return rank in self._failures
+    def _count_starting(self, job: JobState | None, by: int) -> None:
+        if job is None or job.state != "starting":
+            return
+        left = self._starting.get(job.attempt, 0) + by
+        if left > 0:
+            self._starting[job.attempt] = left
+        else:
+            self._starting.pop(job.attempt, None)
+
+    def learn_go(self, go: int) -> bool:
+        """Another node says the cluster started attempt ``go``; whether that is news."""
+        if go <= self.go:
+            return False
+        self.go = go
+        self.version += 1
+        return True
+
+    def advance(self) -> bool:
+        """The master's decision: start the next attempt when every node is starting for it
+        (and it is past the last one started); whether it did."""
+        ready = [a for a, n in self._starting.items() if n == len(self.hosts) and a > self.go]
+        if not ready:
+            return False
+        self.go = max(ready)
+        self.version += 1
+        return True
+
+    def has_failed(self, rank: int, attempt: int) -> bool:
+        """Whether a failure of ``rank`` in ``attempt`` is known."""
+        return (attempt, rank) in self._failures
 
     def lose(self, rank: int, at: float, detail: str) -> JobState | None:
         """Name ``rank`` lost if its job was running (or stopping); the lost state, else None."""
         known = self._states.get(rank)
         if known is None or known.state not in ("running", "terminated"):
             return None
-        lost = JobState(rank, known.host, "lost", known.started, at, detail=detail)
+        lost = JobState(
+            rank, known.host, "lost", known.started, at, detail=detail, attempt=known.attempt
+        )
         return lost if self.note(lost) else None
 
     def state(self, rank: int) -> JobState:
@@ -203,7 +284,7 @@ class JobBook:
 
     def failures(self) -> list[JobState]:
         """Every failure heard of, earliest first."""
-        return sorted(self._failures.values(), key=lambda j: (j.since, j.rank))
+        return sorted(self._failures.values(), key=lambda j: (j.attempt, j.since, j.rank))
 
     def counts(self) -> dict[str, int]:
         """How many nodes' jobs are in each state (nodes never heard of count as waiting)."""
@@ -233,6 +314,7 @@ def as_json(job: JobState, now: float | None = None) -> dict[str, object]:
         "signal": job.signal,
         "signal_name": None if job.signal is None else signal_name(job.signal),
         "detail": job.detail or None,
+        "attempt": job.attempt,
     }
     if now is not None and job.since:
         out["ago_s"] = round(now - job.since, 3)

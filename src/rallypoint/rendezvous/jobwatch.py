@@ -8,6 +8,15 @@ next interval: a change on a worker sends a keep-alive at once, and a new first 
 the master's own job ending) is pushed down at once, by the master to the ranks that talk
 to it, by each relay to its group. A node named lost while its job ran is a failure too
 (JobBook.lose). Every local waiter (GET /job?after=) wakes on each change.
+
+Attempts (docs/run.md "Restarting in place"): a `run` about to start its child reports
+*starting*; its sidecar numbers it for the attempt after the last one the cluster started
+(``book.go``), once it has heard the cluster's count since it booted (a worker: one answer
+from its upstream; the master: a keep-alive from every node, or the liveness bound), so that
+a restarted sidecar never numbers a run into an attempt already under way. The master starts
+an attempt when every node is starting for it (JobBook.advance) and pushes the count down at
+once, like a first failure; every keep-alive and answer carries the sender's count, so a
+restarted master learns it back from the workers.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 import msgspec
@@ -22,6 +32,7 @@ import msgspec
 from rallypoint.core import fanout, jobs
 from rallypoint.core.jobs import JobBook, JobState
 from rallypoint.core.liveness import Down
+from rallypoint.errors import PeerMessageError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.wire import alive as wirealive
@@ -42,6 +53,8 @@ class JobWatch:
         group_size: int,
         now: Callable[[], float],
         offset: Callable[[], float] = lambda: 0.0,
+        coordinated: bool = True,
+        sync_bound_s: float = 15.0,
     ) -> None:
         self.spec = spec
         self.book = JobBook(spec.hosts)
@@ -61,7 +74,7 @@ class JobWatch:
         #: Whether this node's `run` reported (a restarted sidecar keeps alive at once).
         self.reported = asyncio.Event()
         #: A relay's members' states as last sent upstream (resent after an upstream restart).
-        self._sent: dict[int, tuple[float, int, float]] = {}
+        self._sent: dict[int, tuple[int, float, int, float]] = {}
         self._upstream_boot = "-"
         self._upstream_version = -1
         self._first_pushed: JobState | None = None
@@ -70,6 +83,15 @@ class JobWatch:
         self._delivered = 0
         #: The master's counts by state (a worker's table shows at most MAX_JOBS_SHOWN).
         self._counts: dict[str, int] = {}
+        #: Whether the nodes carry job states to each other (off: --keepalive 0), so that an
+        #: attempt starts when every node is starting; without, each run starts at once.
+        self.coordinated = coordinated
+        #: A starting report not numbered yet (this node has not heard the cluster's count).
+        self._unnumbered: JobState | None = None
+        #: The master: the nodes heard since boot, and when it stops waiting for the rest.
+        self._heard: set[int] = set()
+        self._sync_deadline = time.monotonic() + sync_bound_s
+        self._go_pushed = -1
 
     # -- what this node's `run` says ----------------------------------------------------
 
@@ -82,6 +104,7 @@ class JobWatch:
         # it would change with each new clock sample, and the same run's end could look like
         # an older run's and be dropped. Every other stamp is on the master's clock.
         started = round(report.started, 3)
+        attempt = self._reported_attempt(report)
         job = JobState(
             spec.rank,
             spec.host,
@@ -90,6 +113,7 @@ class JobWatch:
             round(self._now() if report.at is None else report.at - self._offset(), 3),
             code=report.code,
             signal=report.signal,
+            attempt=max(attempt, 0),
         )
         self.reported.set()
         log.info(
@@ -97,6 +121,12 @@ class JobWatch:
             extra={"state": job.state, "what": jobs.describe(job), "code": job.code},
         )
         delivered = self._delivered
+        if attempt < 0:
+            # Starting, not numbered yet: held until this node has heard the cluster's count.
+            self._unnumbered = job
+            if not await self._number():
+                self.nudge_up()  # a keep-alive brings the count back at once
+            return
         if not await self._take([job]):
             return
         if self._pushes_down():
@@ -110,6 +140,55 @@ class JobWatch:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(settle_s), self._changed:
                 await self._changed.wait_for(lambda: self._delivered > delivered)
+
+    def _reported_attempt(self, report: Report) -> int:
+        """The attempt a report belongs to: -1 for a starting run (numbered later); for any
+        other, the attempt `run` was told to start, which must have been started (a report
+        that names none belongs to the attempt started last)."""
+        if report.state == "starting":
+            return -1
+        if report.attempt is None:
+            return max(self.book.go, 0)  # the attempt started last (or the first)
+        attempt = report.attempt
+        # A restarted sidecar learns the count back from the others (or, alone, from `run`'s
+        # report): it refuses only what it knows was never started.
+        known = self._synced() and self.book.go >= 0
+        allowed = self._start(self.book.state(self.spec.rank))
+        if known and attempt > self.book.go and attempt != allowed:
+            raise PeerMessageError(
+                f"job report: attempt {attempt} was never started (the cluster's last is "
+                f"{self.book.go}); report the attempt GET /job said to start"
+            )
+        return attempt
+
+    def _synced(self) -> bool:
+        """Whether this node has heard the cluster's attempt count since it booted."""
+        spec = self.spec
+        if not self.coordinated or spec.nnodes == 1:
+            return True
+        if spec.is_master:
+            return len(self._heard) >= spec.nnodes - 1 or time.monotonic() >= self._sync_deadline
+        return self._upstream_boot != "-"
+
+    async def _number(self) -> bool:
+        """Number the held starting report (the next attempt) once synced; whether it did.
+
+        A starting state whose attempt the cluster already started without it (a stale
+        count) is numbered again for the next one: a run never joins an attempt under way.
+        """
+        own = self._unnumbered or self.book.state(self.spec.rank)
+        if own.state != "starting" or not self._synced():
+            return False
+        stale = self._unnumbered is None and own.attempt < self.book.go
+        if self._unnumbered is None and not stale:
+            return False
+        self._unnumbered = None
+        job = msgspec.structs.replace(own, attempt=self.book.go + 1, since=round(self._now(), 3))
+        log.info("job_starting", extra={"attempt": job.attempt})
+        await self._take([job])
+        if not self.spec.is_master:
+            self.nudge_up()
+        return True
 
     async def wait(self, after: int, timeout_s: float) -> None:
         """Return once the book's version is not ``after`` (a restarted sidecar's is lower),
@@ -146,7 +225,8 @@ class JobWatch:
             incoming += answer.jobs
             self._counts = dict(answer.counts)
         self._upstream_version = answer.jobs_version
-        await self._take(incoming, from_upstream=True)
+        await self._take(incoming, from_upstream=True, go=answer.go)
+        await self._number()
         await self._deliver()
 
     async def from_peer(self, alive: wirealive.Alive, upstream: bool) -> None:
@@ -156,7 +236,9 @@ class JobWatch:
         incoming += [job for job in alive.jobs if job.rank in group]
         if upstream and alive.first is not None:
             incoming.append(alive.first)
-        changed = bool(incoming) and await self._take(incoming, from_upstream=upstream)
+        self._heard.add(alive.rank)
+        changed = await self._take(incoming, from_upstream=upstream, go=alive.go)
+        await self._number()
         if changed and not upstream and not self.spec.is_master:
             self.nudge_up()  # a relay passes its group's news on at once
 
@@ -168,6 +250,7 @@ class JobWatch:
         return msgspec.structs.replace(
             answer,
             boot=self.boot,
+            go=book.go,
             first=book.first,
             jobs_version=book.version,
             jobs=tuple(book.table(wirealive.MAX_JOBS_SHOWN)) if fresh else None,
@@ -178,12 +261,18 @@ class JobWatch:
         """Whether there is news to push down: a new first failure, or our own job's end."""
         own = self.book.state(self.spec.rank)
         ended = own.state in ("exited", "killed", "stopped", "terminated")
-        return self.book.first != self._first_pushed or (ended and own != self._own_pushed)
+        return (
+            self.book.first != self._first_pushed
+            or (ended and own != self._own_pushed)
+            or self.book.go != self._go_pushed
+        )
 
-    async def pushed(self) -> None:
-        """A push down went out (to whoever answered)."""
-        self._first_pushed = self.book.first
-        self._own_pushed = self.book.state(self.spec.rank)
+    async def pushed(self, alive: wirealive.Alive) -> None:
+        """The push ``alive`` went out (to whoever answered): what it carried is pushed, not
+        what the book holds now (news that came during the push is still due)."""
+        self._first_pushed = alive.first
+        self._own_pushed = alive.job
+        self._go_pushed = alive.go
         await self._deliver()
 
     async def _deliver(self) -> None:
@@ -201,6 +290,7 @@ class JobWatch:
             spec.host,
             job=None if own.state == "waiting" else own,
             first=self.book.first,
+            go=self.book.go,
         )
 
     async def lost(self, downs: list[Down]) -> None:
@@ -210,7 +300,8 @@ class JobWatch:
         for down in downs:
             cause = down.cause.replace("_", " ")
             detail = f"nothing heard for {down.for_s:.0f} s ({cause}: {down.detail})"
-            failed_before = self.book.has_failed(down.rank)
+            known = self.book.state(down.rank)
+            failed_before = self.book.has_failed(down.rank, known.attempt)
             lost = self.book.lose(down.rank, round(now - down.for_s, 3), detail[:300])
             if lost is not None:
                 if not failed_before:  # counted once per node, as _take counts
@@ -225,22 +316,43 @@ class JobWatch:
 
     # -- the book's changes ------------------------------------------------------------
 
-    async def _take(self, incoming: list[JobState], *, from_upstream: bool = False) -> bool:
-        first = self.book.first
-        changed = False
+    async def _take(
+        self, incoming: list[JobState], *, from_upstream: bool = False, go: int = -1
+    ) -> bool:
+        book = self.book
+        first, go_before = book.first, book.go
+        changed = book.learn_go(go)
         for job in incoming:
             if job.rank == self.spec.rank and job.state == "lost" and not from_upstream:
                 continue  # only our upstream may name us lost
-            new_failure = job.failed and not self.book.has_failed(job.rank)
-            if self.book.note(job):
+            new_failure = job.failed and not book.has_failed(job.rank, job.attempt)
+            if book.note(job):
                 changed = True
                 if new_failure:
                     self._count_failure(job)
+        if self.spec.is_master and book.advance():
+            changed = True
         if not changed:
             return False
+        if book.go != go_before:
+            self._attempt_started(go_before)
         self._first_changed(first)
         await self._changed_now()
         return True
+
+    def _attempt_started(self, before: int) -> None:
+        """The cluster started a later attempt: say so, count a restart, push it down."""
+        book = self.book
+        failed = book.first_of(before)
+        log.info(
+            "attempt_started",
+            extra={"attempt": book.go, "after": None if failed is None else jobs.describe(failed)},
+        )
+        if failed is not None:
+            self._metrics.job_restarts.labels(jobs.cause(failed)).inc()
+        self._metrics.job_attempt.set(book.go)
+        if self._pushes_down():
+            self.nudge_down()
 
     def _first_changed(self, before: JobState | None) -> None:
         """Say a new first failure, and push it down at once (master, relays)."""
@@ -270,18 +382,32 @@ class JobWatch:
 
     # -- what the local API shows -------------------------------------------------------
 
+    def _start(self, own: JobState) -> int | None:
+        """The attempt this node's `run` may start its child for now, if any."""
+        if own.state != "starting":
+            return None
+        if not self.coordinated:
+            return own.attempt
+        return own.attempt if own.attempt == self.book.go else None
+
     def view(self) -> dict[str, object]:
         """GET /job and /status "job": this node's job, the first failure, every node's state."""
         book, spec, now = self.book, self.spec, self._now()
-        first = book.first
+        own = self._unnumbered or book.state(spec.rank)
+        numbered = self._unnumbered is None
+        first = book.first if own.state == "starting" else book.first_of(own.attempt)
+        starting = own.state == "starting"
         return {
             "version": book.version,
             "boot": self.boot,
             "rank": spec.rank,
             "host": spec.host,
-            "own": jobs.as_json(book.state(spec.rank), now),
+            "attempt": book.go,
+            "own": jobs.as_json(own, now),
+            "start": self._start(own) if numbered else None,
             "first": None if first is None else jobs.as_json(first, now),
-            "stop": jobs.stops(first, spec.rank),
+            "attempts": [jobs.as_json(f, now) for f in book.firsts()],
+            "stop": not starting and jobs.stops(first, spec.rank),
             "unsettled_s": round(self.unsettled_s(), 3),
             "counts": self._counts if len(spec.hosts) > wirealive.MAX_JOBS_SHOWN else book.counts(),
             "nodes": [jobs.as_json(j, now) for j in book.table(wirealive.MAX_JOBS_SHOWN)],

@@ -152,7 +152,7 @@ class Keepalive:
                 },
             )
             await asyncio.gather(*(push(r, body) for r in downstream))
-            await self.jobs.pushed()
+            await self.jobs.pushed(alive)
 
     async def answer(self, alive: wirealive.Alive) -> wirealive.AliveAnswer:
         """A peer's keep-alive: note it (and a relay's ages of its group); our view back."""
@@ -194,7 +194,14 @@ class Keepalive:
         ages = tuple(self.watch.ages(self.group))
         own, changed, seen = self.jobs.outgoing(self.group)
         alive = wirealive.Alive(
-            spec.session, spec.rank, spec.host, ages, job=own, jobs=changed, jobs_seen=seen
+            spec.session,
+            spec.rank,
+            spec.host,
+            ages,
+            job=own,
+            jobs=changed,
+            jobs_seen=seen,
+            go=self.jobs.book.go,
         )
         return wirealive.encode_alive(alive), changed
 

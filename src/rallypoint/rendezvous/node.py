@@ -226,6 +226,8 @@ class Rendezvous(AsyncResource):
             group_size=size,
             now=self.offsets.now,
             offset=lambda: self.offsets.offset_s,
+            coordinated=self.settings.keepalive_s > 0,
+            sync_bound_s=liveness.UPSTREAM_DOWN_AFTER * self.settings.keepalive_s,
         )
         if self.settings.keepalive_s > 0:
             watch = liveness.Watch(spec.hosts, spec.rank, self.settings.keepalive_s)

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import msgspec
 
-from rallypoint.core.jobs import STATES, JobState
+from rallypoint.core.jobs import STATES, Go, JobState
 from rallypoint.core.liveness import MAX_AGE_S, MAX_DETAIL, Age, Down
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import TOKEN_CHARS, Nodes, Rank, Session, at_most, one_of, text, within
@@ -54,6 +54,8 @@ class Alive(msgspec.Struct, frozen=True):
     first: JobState | None = None
     #: The version of the receiver's job table the sender holds (-1: none).
     jobs_seen: Annotated[int, within(-1, 2**53)] = -1
+    #: The attempt the sender knows the cluster started last (-1: none).
+    go: Go = -1
 
 
 class AliveAnswer(msgspec.Struct, frozen=True):
@@ -65,12 +67,15 @@ class AliveAnswer(msgspec.Struct, frozen=True):
     total: Nodes
     #: The answering process (a restarted sidecar has a new one: send it everything again).
     boot: Annotated[str, text(rf"^(?:-|{TOKEN_CHARS})\Z", "- or a token")] = "-"
+    #: The first failure of the attempt started last.
     first: JobState | None = None
     #: The answerer's job table version, and the table itself when the asker's is older.
     jobs_version: Version = 0
     jobs: Annotated[tuple[JobState, ...], at_most(MAX_JOBS_SHOWN)] | None = None
     #: How many nodes' jobs are in each state (jobs.STATES), as the answerer knows them.
     counts: dict[Annotated[str, one_of(STATES)], Nodes] = {}
+    #: The attempt the answerer knows the cluster started last (-1: none).
+    go: Go = -1
 
 
 def encode_alive(alive: Alive) -> bytes:

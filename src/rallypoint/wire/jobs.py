@@ -12,7 +12,7 @@ from typing import Annotated
 
 import msgspec
 
-from rallypoint.core.jobs import MAX_DETAIL, REPORTED, ExitCode, JobState, Signal, Time
+from rallypoint.core.jobs import MAX_DETAIL, REPORTED, Attempt, ExitCode, JobState, Signal, Time
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import one_of
 from rallypoint.wire.fields import dump, host_name, load
@@ -69,6 +69,9 @@ class Report(msgspec.Struct, frozen=True):
     #: The child's end as `run` saw it keeps cause before consequence: a peer's collective
     #: fails only after the process that failed first was gone.
     at: Time | None = None
+    #: The attempt the job belongs to, as GET /job's "start" gave it (None for starting:
+    #: the sidecar numbers it).
+    attempt: Attempt | None = None
 
 
 def encode_report(report: Report) -> bytes:

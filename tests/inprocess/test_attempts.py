@@ -1,0 +1,171 @@
+"""Attempts: `rallypoint run` on every node of an in-process cluster, through its entry point.
+
+A failed attempt stops every node's run; the same command started again on every node (the
+sidecars stay up) is the next attempt and runs to its end; `--restarts N` starts the next
+attempt on every node by itself; a stop from outside is never restarted; bad flags exit 2
+at once. The real-framework cases are the multi-host tier's (tests/multihost/test_run.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import pytest
+
+from tests.support.cluster.inprocess import Cluster, ready_cluster, until
+from tests.support.env import child_env
+
+TOKEN = "attempts-test-secret"
+#: A keep-alive every 0.3 s: a failure reaches every node within a moment.
+FAST = {"keepalive_s": 0.3}
+#: Each node's child: prints its attempt and rank, then runs SCRIPT (sh).
+SAY = 'echo "ATTEMPT $RALLYPOINT_ATTEMPT RESTARTS $TORCHELASTIC_RESTART_COUNT NODE $RP_NODE"; '
+
+
+async def run_everywhere(
+    c: Cluster, scripts: dict[int, str], *run_args: str
+) -> dict[int, asyncio.subprocess.Process]:
+    """`rallypoint run [ARGS] -- sh -c SCRIPT` for each rank, in the background."""
+    procs = {}
+    for rank, script in scripts.items():
+        port = c.local_url(rank, "").rsplit(":", 1)[1]
+        env = {**child_env(), "RP_NODE": str(rank)}
+        procs[rank] = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rallypoint", "run", "--local-port", port,
+            "--timeout", "60", "--quiet", "--grace", "2", *run_args,
+            "--", "sh", "-c", SAY + script,
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+    return procs
+
+
+async def ends(procs: dict[int, asyncio.subprocess.Process]) -> dict[int, tuple[int, str, str]]:
+    """rank -> (status, stdout, stderr) once every run ended (a hung run fails the test)."""
+    out = {}
+    async with asyncio.timeout(90.0):
+        for rank, proc in procs.items():
+            stdout, stderr = await proc.communicate()
+            assert proc.returncode is not None
+            out[rank] = (proc.returncode, stdout.decode(), stderr.decode())
+    return out
+
+
+def attempts_seen(stdout: str) -> list[int]:
+    return [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("ATTEMPT ")]
+
+
+def ready(n: int):  # type: ignore[no-untyped-def]
+    return ready_cluster(n, token=TOKEN, per_node={r: dict(FAST) for r in range(n)})
+
+
+async def test_the_same_command_run_again_after_a_failure_is_the_next_attempt() -> None:
+    async with ready(3) as c:
+        # Attempt 0: node1 fails, the others are stopped with its status.
+        first = await ends(
+            await run_everywhere(c, {0: "sleep 60", 1: "sleep 0.5; exit 4", 2: "sleep 60"})
+        )
+        assert {r: s for r, (s, _, _) in first.items()} == {0: 4, 1: 4, 2: 4}, first
+        assert "first failure: node1 (rank 1) exited 4" in first[0][2], first[0][2]
+        # The user runs the same command again on every node, with no fault: it runs.
+        again = await ends(await run_everywhere(c, dict.fromkeys(range(3), "sleep 0.2")))
+        assert {r: s for r, (s, _, _) in again.items()} == dict.fromkeys(range(3), 0), again
+        for rank, (_, stdout, _) in again.items():
+            assert f"ATTEMPT 1 RESTARTS 1 NODE {rank}" in stdout, stdout
+        view = c.nodes[0].node.job_status()
+        assert view["attempt"] == 1 and view["first"] is None, view
+        earlier = view["attempts"]
+        assert isinstance(earlier, list) and len(earlier) == 1, earlier
+        assert (earlier[0]["attempt"], earlier[0]["host"], earlier[0]["code"]) == (0, "node1", 4)
+        restarts = c.nodes[2].metrics.value("rallypoint_job_restarts_total", cause="exited")
+        assert restarts == 1
+        assert c.nodes[2].metrics.value("rallypoint_job_attempt") == 1
+
+
+async def test_restarts_start_the_next_attempt_on_every_node_until_it_completes() -> None:
+    async with ready(3) as c:
+        # node2 crashes in attempt 0 only; every node runs attempt 1 to its end.
+        waits = 'if [ "$RALLYPOINT_ATTEMPT" = 0 ]; then sleep 60; fi'
+        crash = 'if [ "$RALLYPOINT_ATTEMPT" = 0 ]; then sleep 0.5; exit 7; fi; sleep 0.3'
+        scripts = {0: waits, 1: waits, 2: crash}
+        done = await ends(await run_everywhere(c, scripts, "--restarts", "2"))
+        assert {r: s for r, (s, _, _) in done.items()} == dict.fromkeys(range(3), 0), done
+        for _, stdout, stderr in done.values():
+            assert attempts_seen(stdout) == [0, 1], (stdout, stderr)
+            assert "restarting: attempt 1 on every node (1 of --restarts 2)" in stderr, stderr
+
+
+async def test_a_failure_past_the_budget_ends_every_node_with_its_status() -> None:
+    async with ready(2) as c:
+        scripts = {0: "sleep 60", 1: "sleep 0.3; exit 5"}
+        done = await ends(await run_everywhere(c, scripts, "--restarts", "1"))
+        assert {r: s for r, (s, _, _) in done.items()} == {0: 5, 1: 5}, done
+        for _, stdout, _ in done.values():
+            assert attempts_seen(stdout) == [0, 1], stdout
+
+
+async def test_a_stop_from_outside_is_never_restarted() -> None:
+    async with ready(2) as c:
+        procs = await run_everywhere(c, {0: "sleep 60", 1: "sleep 60"}, "--restarts", "3")
+        await until(lambda: c.nodes[1].node.job_status()["own"]["state"] == "running")  # type: ignore[index]
+        await until(lambda: c.nodes[0].node.job_status()["own"]["state"] == "running")  # type: ignore[index]
+        procs[1].send_signal(signal.SIGTERM)
+        done = await ends(procs)
+        assert done[1][0] == 143 and done[0][0] == 75, done
+        for _, stdout, _ in done.values():
+            assert attempts_seen(stdout) == [0], stdout
+
+
+async def test_no_attempt_starts_until_every_node_is_starting() -> None:
+    async with ready(2) as c:
+        procs = await run_everywhere(c, {0: "sleep 0.1"})
+        await until(lambda: c.nodes[0].node.job_status()["own"]["state"] == "starting")  # type: ignore[index]
+        await asyncio.sleep(1.0)  # a moment in which node0 must not start alone
+        assert c.nodes[0].node.job_status()["attempt"] == -1
+        assert procs[0].returncode is None
+        procs |= await run_everywhere(c, {1: "sleep 0.1"})
+        done = await ends(procs)
+        assert {r: s for r, (s, _, _) in done.items()} == {0: 0, 1: 0}, done
+        assert all(attempts_seen(stdout) == [0] for _, stdout, _ in done.values()), done
+
+
+@pytest.mark.parametrize(
+    "args, env, named",
+    [
+        (["--restarts", "-1"], {}, "--restarts"),
+        (["--restarts", "two"], {}, "--restarts"),
+        ([], {"RALLYPOINT_RESTARTS": "1.5"}, "RALLYPOINT_RESTARTS"),
+        (["--rejoin-timeout", "-5"], {}, "--rejoin-timeout"),
+        ([], {"RALLYPOINT_REJOIN_TIMEOUT": "soon"}, "RALLYPOINT_REJOIN_TIMEOUT"),
+        (["--restart", "2"], {}, "--restart"),
+    ],
+)
+async def test_bad_flags_exit_2_at_once_naming_the_flag(
+    args: list[str], env: dict[str, str], named: str
+) -> None:
+    # No sidecar listens on this port: a bad flag must be refused before any wait.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rallypoint", "run", "--local-port", "9", "--timeout", "300",
+        *args, "--", "true",
+        env={**child_env(), **env}, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(30.0):
+        _, stderr = await proc.communicate()
+    text = stderr.decode()
+    assert proc.returncode == 2, text
+    assert len(text.strip().splitlines()) == 1 and named in text, text
+
+
+async def test_a_run_that_never_started_its_child_exits_with_the_try_again_status() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rallypoint", "run", "--local-port", "9", "--timeout", "1",
+        "--quiet", "--", "true",
+        env=child_env(), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(30.0):
+        _, stderr = await proc.communicate()
+    assert proc.returncode == 75, stderr
+    assert "the job was not started: exit 75" in stderr.decode()
+    assert os.environ.get("RALLYPOINT_ATTEMPT") is None
