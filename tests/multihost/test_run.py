@@ -222,3 +222,58 @@ def test_healthy_jobs_end_0_and_a_done_node_leaving_stops_nobody(
     assert lines(runs["sub1"], "DONE") and not lines(runs["sub1"], "SIGTERM")
     status = cluster["sub1"].get("/job").json()
     assert status["first"] is None, status
+
+
+def test_the_same_command_run_again_after_a_failure_completes_on_every_node(
+    make_cluster: MakeCluster, torch_script: Any
+) -> None:
+    """A session that stays up can always run again: the sidecars are not restarted."""
+    cluster = start(make_cluster)
+    runs = supervise(cluster, "--compute-s", "0.5", "--fail-rank", "2", "--fail-step", "2")
+    try:
+        failed = ends(runs, HOSTS, RUNNING_S)
+    finally:
+        for proc in runs.values():
+            proc.kill()
+    assert failed == dict.fromkeys(HOSTS, 3), (failed, cluster.logs())
+    # The user starts the same command again on every node, with no fault.
+    again = supervise(cluster, "--compute-s", "0.2", "--steps", "4")
+    try:
+        done = ends(again, HOSTS, RUNNING_S)
+    finally:
+        for proc in again.values():
+            proc.kill()
+    assert done == dict.fromkeys(HOSTS, 0), (done, cluster.logs())
+    for name, proc in again.items():
+        started = lines(proc, "START")
+        assert [s["attempt"] for s in started] == [1], (name, proc.log()[-3000:])
+        assert lines(proc, "DONE"), proc.log()[-3000:]
+    view = cluster["sub1"].get("/job").json()
+    assert view["attempt"] == 1 and view["first"] is None, view
+    assert [(f["attempt"], f["host"], f["code"]) for f in view["attempts"]] == [(0, "sub2", 3)]
+
+
+def test_restarts_bring_a_crashed_job_back_on_every_node_from_its_checkpoint(
+    make_cluster: MakeCluster, torch_script: Any, tmp_path: Path
+) -> None:
+    cluster = start(make_cluster)
+    checkpoint = str(tmp_path / "rank{rank}.step")
+    runs = supervise(
+        cluster,
+        *("--compute-s", "0.3", "--steps", "6", "--checkpoint", checkpoint),
+        *("--fail-rank", "2", "--fail-step", "2", "--fail-attempt", "0"),
+        run_args=("--restarts", "2", "--grace", "2"),
+    )
+    try:
+        codes = ends(runs, HOSTS, 2 * RUNNING_S)
+    finally:
+        for proc in runs.values():
+            proc.kill()
+    assert codes == dict.fromkeys(HOSTS, 0), (codes, cluster.logs())
+    failed_at = lines(runs["sub2"], "FAIL")[0]["at"]
+    for name, proc in runs.items():
+        started = lines(proc, "START")
+        assert [s["attempt"] for s in started] == [0, 1], (name, proc.log()[-3000:])
+        assert started[1]["from"] >= 1, started  # resumed, not from scratch
+        assert "restarting: attempt 1 on every node (1 of --restarts 2)" in proc.log()
+        print(f"{name}: attempt 1 set up {started[1]['at'] - failed_at:.3f} s after the crash")

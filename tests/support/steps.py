@@ -11,6 +11,8 @@ can time what happened across nodes (they share one clock):
     SIGTERM {"rank": 1, "at": ...}               the stop reached this process (--ignore-term:
                                                  and it goes on, until SIGKILL)
     DONE {"rank": 0, "steps": 5, "at": ...}      every step done (after --linger-s)
+    START {"rank": 0, "attempt": 1, "from": 3, "at": ...}  set up, resuming after step
+                                                 ``from`` of --checkpoint (-1: from scratch)
 
 Run as a script; it needs only the standard library and torch.
 """
@@ -49,6 +51,10 @@ def main() -> int:
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--fail-step", type=int, default=2)
     parser.add_argument("--fail-code", type=int, default=3)
+    parser.add_argument("--fail-attempt", type=int, default=None, help="fail only in this attempt")
+    parser.add_argument(
+        "--checkpoint", default=None, help="a file per rank ({rank} in it): resume after its step"
+    )
     parser.add_argument("--linger-rank", type=int, default=None, help="this rank writes on")
     parser.add_argument("--linger-s", type=float, default=0.0, help="after its last step")
     parser.add_argument("--ignore-term", action="store_true", help="go on after SIGTERM")
@@ -66,9 +72,17 @@ def main() -> int:
 
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = int(os.environ.get("RALLYPOINT_ATTEMPT", "0"))
+    checkpoint = args.checkpoint.format(rank=rank) if args.checkpoint else None
+    done = -1
+    if checkpoint and os.path.exists(checkpoint):
+        with open(checkpoint) as saved:
+            done = int(saved.read().strip() or -1)
+    say("START", rank=rank, attempt=attempt, **{"from": done})
+    fails = args.fail_attempt is None or args.fail_attempt == attempt
     expected = world * (world + 1) / 2
     tensor = torch.empty(max(1, int(args.mib * 2**20) // 4), dtype=torch.float32)
-    for step in range(args.steps):
+    for step in range(done + 1, args.steps):
         time.sleep(args.compute_s)
         tensor.fill_(float(rank + 1))
         try:
@@ -80,7 +94,11 @@ def main() -> int:
             say("WRONG", rank=rank, step=step)
             return 1
         say("STEP", rank=rank, step=step)
-        if rank == args.fail_rank and step == args.fail_step:
+        if checkpoint:
+            with open(checkpoint + ".tmp", "w") as saving:
+                saving.write(str(step))
+            os.replace(checkpoint + ".tmp", checkpoint)  # a reader never sees half of it
+        if rank == args.fail_rank and step == args.fail_step and fails:
             say("FAIL", rank=rank, code=args.fail_code)
             os._exit(args.fail_code)
     if rank == args.linger_rank:
