@@ -277,3 +277,40 @@ def test_restarts_bring_a_crashed_job_back_on_every_node_from_its_checkpoint(
         assert started[1]["from"] >= 1, started  # resumed, not from scratch
         assert "restarting: attempt 1 on every node (1 of --restarts 2)" in proc.log()
         print(f"{name}: attempt 1 set up {started[1]['at'] - failed_at:.3f} s after the crash")
+
+
+def test_a_lost_node_that_comes_back_restarts_the_job_on_every_node(
+    make_cluster: MakeCluster, torch_script: Any, tmp_path: Path
+) -> None:
+    """sub3 vanishes mid-job (link down, every process killed); its container is restarted
+    5 s later: its sidecar rejoins the same session and its `run` starts again. Every node
+    then runs the next attempt to its end, resuming from the checkpoint."""
+    cluster = start(make_cluster)
+    checkpoint = str(tmp_path / "rank{rank}.step")
+    job_args = ("--compute-s", "0.3", "--steps", "12", "--checkpoint", checkpoint)
+    run_args = ("--restarts", "1", "--rejoin-timeout", "120", "--grace", "1")
+    runs = supervise(cluster, *job_args, run_args=run_args)
+    victim = cluster["sub3"]
+    try:
+        wait_running(cluster, runs, step=2)
+        kill_node(victim)
+        time.sleep(5.0)
+        victim.link_up()
+        victim.start_sidecar()
+        argv = [sys.executable, "-m", "rallypoint", "run", "--quiet", "--timeout", "120"]
+        argv += [*run_args, "--", sys.executable, str(STEPS), "--mib", "4", *job_args]
+        runs["sub3"] = victim.spawn(argv, label="run-again")
+        back_at = time.time()
+        codes = ends(runs, HOSTS, 2 * RUNNING_S)
+    finally:
+        for proc in runs.values():
+            proc.kill()
+    assert codes == dict.fromkeys(HOSTS, 0), (codes, cluster.logs())
+    for name in ("main1", "sub1", "sub2"):
+        log = runs[name].log()
+        assert "sub3 (rank 3) lost: nothing heard for" in first_failure_line(runs[name]), log
+        started = lines(runs[name], "START")
+        assert [s["attempt"] for s in started] == [0, 1], log[-3000:]
+        assert started[1]["from"] >= 2, started
+        print(f"{name}: attempt 1 set up {started[1]['at'] - back_at:.3f} s after sub3's run began")
+    assert [s["attempt"] for s in lines(runs["sub3"], "START")] == [1], runs["sub3"].log()

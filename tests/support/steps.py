@@ -11,6 +11,7 @@ can time what happened across nodes (they share one clock):
     SIGTERM {"rank": 1, "at": ...}               the stop reached this process (--ignore-term:
                                                  and it goes on, until SIGKILL)
     DONE {"rank": 0, "steps": 5, "at": ...}      every step done (after --linger-s)
+    LAUNCH {"attempt": 1, "at": ...}             the process started (before torch's import)
     START {"rank": 0, "attempt": 1, "from": 3, "at": ...}  set up, resuming after step
                                                  ``from`` of --checkpoint (-1: from scratch)
 
@@ -59,6 +60,12 @@ def main() -> int:
     parser.add_argument("--linger-s", type=float, default=0.0, help="after its last step")
     parser.add_argument("--ignore-term", action="store_true", help="go on after SIGTERM")
     args = parser.parse_args()
+    # The attempt: rallypoint run's, else torchrun's own restart count (torchrun overwrites
+    # TORCHELASTIC_RESTART_COUNT for its workers; RALLYPOINT_ATTEMPT passes through it).
+    attempt = int(
+        os.environ.get("RALLYPOINT_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    )
+    say("LAUNCH", attempt=attempt)
 
     # SIGTERM is taken by a thread of its own: a Python handler runs only between bytecodes
     # of the main thread, which may be blocked in a collective whose peer is gone. Blocked
@@ -72,12 +79,17 @@ def main() -> int:
 
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
-    attempt = int(os.environ.get("RALLYPOINT_ATTEMPT", "0"))
     checkpoint = args.checkpoint.format(rank=rank) if args.checkpoint else None
     done = -1
     if checkpoint and os.path.exists(checkpoint):
         with open(checkpoint) as saved:
             done = int(saved.read().strip() or -1)
+    if checkpoint:
+        # Resume after the last step every rank finished: a rank stopped mid-step saved
+        # one step fewer than a rank that had finished it (a real job's checkpoint is one).
+        agreed = torch.tensor([done], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        done = int(agreed.item())
     say("START", rank=rank, attempt=attempt, **{"from": done})
     fails = args.fail_attempt is None or args.fail_attempt == attempt
     expected = world * (world + 1) / 2

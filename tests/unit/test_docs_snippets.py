@@ -225,7 +225,8 @@ def test_slurm_script_runs_one_task_per_node_and_stops_the_sidecar() -> None:
     (script,) = [b for b in snippets("slurm.md", "sh", "bash") if "#SBATCH" in b]
     assert "--ntasks-per-node=1" in script
     assert "rallypoint serve &" in script
-    assert "rallypoint run -- torchrun" in script, "the job runs supervised (docs/run.md)"
+    assert re.search(r"rallypoint run (--\S+ \S+ )*-- torchrun", script), "the job runs supervised"
+    assert "--restarts" in script, "a crash restarts inside the allocation (docs/run.md)"
     assert "--requeue" in script
     assert re.search(r"trap .*kill", script), "the sidecar must be stopped when training ends"
 

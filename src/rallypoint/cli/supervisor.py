@@ -44,6 +44,9 @@ SETTLE_S = 0.5
 UNSETTLED_MAX_S = 120.0
 #: Longest single wait for the attempt's start; the loop looks at signals and its bound.
 START_POLL_S = 1.0
+#: Beyond --grace and --rejoin-timeout, how long the next attempt's start may take after a
+#: failed one: each node's stop reported and the count pushed, a few round trips.
+START_MARGIN_S = 5.0
 #: After this long at the start, `run` says once what it waits for.
 START_SAY_S = 3.0
 
@@ -134,7 +137,9 @@ class Supervisor:
                 f"rallypoint: restarting: attempt {attempt + 1} on every node"
                 f" ({self.restarts - left} of --restarts {self.restarts})"
             )
-            bound = self.rejoin_timeout_s
+            # Every node first stops its child (up to --grace) and reports; then the
+            # rejoin timeout is for a node that must come back.
+            bound = self.grace_s + START_MARGIN_S + self.rejoin_timeout_s
 
     def _wait_start(self, bound_s: float | None) -> int | None:
         """Report starting, and wait until the sidecar says which attempt to start (None:
