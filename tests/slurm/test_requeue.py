@@ -39,8 +39,9 @@ VICTIM = "gpu08"
 SURVIVORS = tuple(name for name in slurm_cluster.NODES if name != VICTIM)
 #: How long a lost node takes to be named (4 keep-alives of 3 s, one more in flight) ...
 LIVENESS_S = 15.0
-#: ... plus `run`'s --grace before SIGKILL, plus generous room for a shared machine.
-STOP_BOUND_S = LIVENESS_S + 10.0 + 20.0
+#: ... plus `run`'s --grace before SIGKILL, the wait for the next attempt after a failure
+#: (--grace again and 5 s: the guide's --rejoin-timeout is 0), and room for a shared machine.
+STOP_BOUND_S = LIVENESS_S + 10.0 + 15.0 + 20.0
 #: The sidecars' peer port: cutting it cuts the sidecars off, and nothing else.
 PEER_PORT = 7781
 #: What `run` exits with when a node was lost (--lost-exit-code's default).
@@ -52,9 +53,9 @@ REQUEUE_TIMEOUT_S = 180.0
 #: The guide's last command, and what the test runs instead: the same command, then its
 #: status and the time it ended written to a file of the node's own (the job's directory
 #: is on the filesystem every node shares), then the same exit.
-RUN_LINE = "  rallypoint run -- torchrun train.py\n"
+RUN_LINE = "  rallypoint run --restarts 3 --rejoin-timeout 0 -- torchrun train.py\n"
 RECORDED_RUN = """\
-  rallypoint run -- torchrun train.py
+  rallypoint run --restarts 3 --rejoin-timeout 0 -- torchrun train.py
   status=$?
   echo "$status $(date +%s.%N)" > "status/$SLURMD_NODENAME.tmp"
   mv "status/$SLURMD_NODENAME.tmp" "status/$SLURMD_NODENAME"
