@@ -24,15 +24,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from rallypoint.cli import client
+from rallypoint.cli import client, jobview
 from rallypoint.core import jobs
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobs as wirejobs
 
 #: The signals `run` passes on to the job's process group.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-#: Seconds between attempts to reach a sidecar that does not answer.
-RETRY_S = 1.0
 #: Longest long-poll of GET /job; the loop polls again.
 POLL_S = 30.0
 #: Longest wait for the sidecar's answer to a report (it waits for the report to go on).
@@ -42,13 +40,9 @@ SETTLE_S = 0.5
 #: The longest it waits while a node it keeps alive with is silent (the sidecar says how long
 #: until that node is named down: 15 s at the default interval); a bound against bad values.
 UNSETTLED_MAX_S = 120.0
-#: Longest single wait for the attempt's start; the loop looks at signals and its bound.
-START_POLL_S = 1.0
 #: Beyond --grace and --rejoin-timeout, how long the next attempt's start may take after a
 #: failed one: each node's stop reported and the count pushed, a few round trips.
 START_MARGIN_S = 5.0
-#: After this long at the start, `run` says once what it waits for.
-START_SAY_S = 3.0
 
 
 class Outcome:
@@ -114,7 +108,13 @@ class Supervisor:
         """Every attempt this run takes part in: the first, then one per restart."""
         left, bound, last = self.restarts, self.start_timeout_s, None
         while True:
-            attempt = self._wait_start(bound)
+            attempt = jobview.wait_start(
+                self.url,
+                self._started,
+                bound,
+                stopped=lambda: self._terminated is not None,
+                say=self.say,
+            )
             if attempt is None:
                 if self._terminated is not None:
                     return 128 + self._terminated
@@ -141,41 +141,6 @@ class Supervisor:
             # rejoin timeout is for a node that must come back.
             bound = self.grace_s + START_MARGIN_S + self.rejoin_timeout_s
 
-    def _wait_start(self, bound_s: float | None) -> int | None:
-        """Report starting, and wait until the sidecar says which attempt to start (None:
-        not within ``bound_s``, or stopped from outside meanwhile)."""
-        body = wirejobs.encode_report(wirejobs.Report("starting", self._started))
-        began = time.monotonic()
-        view: dict[str, object] | None = None
-        gone = said = False
-        while self._terminated is None:
-            waited = time.monotonic() - began
-            if bound_s is not None and waited > bound_s:
-                return None
-            try:
-                if view is None:
-                    view = client.report_job(self.url, body)
-                else:
-                    version = int(_number(view.get("version")) or 0)
-                    later = client.job(self.url, version, START_POLL_S)
-                    view = None if later.get("boot") != view.get("boot") else later
-                    if view is None:
-                        continue  # the sidecar restarted: it must hear we are starting
-            except RallypointError as exc:
-                if not gone:
-                    self.say(f"rallypoint: warning: {exc}; waiting for the sidecar to start")
-                    gone = True
-                view = None
-                time.sleep(RETRY_S)
-                continue
-            start = view.get("start")
-            if isinstance(start, int) and not isinstance(start, bool):
-                return start
-            if not said and waited >= START_SAY_S:
-                said = True
-                self.say(f"rallypoint: waiting for every node to start: {_starting(view)}")
-        return None
-
     def _one_attempt(self, attempt: int) -> Outcome:
         """Run the child once, as ``attempt``, until it ends or the cluster stops it."""
         if self._terminated is not None:
@@ -191,7 +156,7 @@ class Supervisor:
         }
         try:
             self._child = subprocess.Popen(
-                self.command, env=env, start_new_session=True, preexec_fn=_die_with_parent
+                self.command, env=env, start_new_session=True, preexec_fn=jobview.die_with_parent
             )
         except FileNotFoundError:
             self.say(f"error: {self.command[0]!r} not found: check the command and PATH")
@@ -288,8 +253,8 @@ class Supervisor:
         if not isinstance(first, dict):
             return Outcome(status, True)
         if view.get("stop") is True:
-            status = jobs.exit_status(_state(first), self.lost_code)
-        self.say(f"rallypoint: {_line(first, _number(first.get('ago_s')))}; exit {status}")
+            status = jobs.exit_status(jobview.state(first), self.lost_code)
+        self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
         return Outcome(status, first.get("state") != "terminated")
 
     def _settled(self, view: dict[str, object]) -> dict[str, object]:
@@ -299,11 +264,11 @@ class Supervisor:
         alive with is silent: then it may be the one that failed first (cut off, it cannot
         tell), so `run` waits until it is heard again or named lost (``unsettled_s``).
         """
-        version, counts = _number(view.get("version")), view.get("counts")
+        version, counts = jobview.number(view.get("version")), view.get("counts")
         alone = not isinstance(counts, dict) or sum(counts.values()) <= 1
         if version is None or alone:
             return view  # no other node to hear from
-        unsettled = min(_number(view.get("unsettled_s")) or 0.0, UNSETTLED_MAX_S)
+        unsettled = min(jobview.number(view.get("unsettled_s")) or 0.0, UNSETTLED_MAX_S)
         deadline = time.monotonic() + max(SETTLE_S, unsettled)
         while (left := deadline - time.monotonic()) > 0:
             try:
@@ -312,9 +277,9 @@ class Supervisor:
                 return view
             if later.get("stop") is True:
                 return later
-            if _number(later.get("version")) == version:
+            if jobview.number(later.get("version")) == version:
                 return later  # nothing new within the wait
-            view, version = later, _number(later.get("version"))
+            view, version = later, jobview.number(later.get("version"))
             if version is None:
                 return view
         return view
@@ -323,7 +288,7 @@ class Supervisor:
         """Another node failed first (or this one is lost): stop the job, exit with the status."""
         first = view.get("first")
         assert isinstance(first, dict)
-        self.say(f"rallypoint: stopping the job: {_line(first, _number(first.get('ago_s')))}")
+        self.say(f"rallypoint: stopping the job: {jobview.line(first)}")
         self._signal_group(signal.SIGTERM)
         if not self._wait_child(self.grace_s):
             self.say(f"rallypoint: the job did not stop within --grace {self.grace_s:g}s: SIGKILL")
@@ -331,8 +296,8 @@ class Supervisor:
             self._wait_child(None)
         self._report("stopped")
         self._clear_group()
-        status = jobs.exit_status(_state(first), self.lost_code)
-        self.say(f"rallypoint: {_line(first, _number(first.get('ago_s')))}; exit {status}")
+        status = jobs.exit_status(jobview.state(first), self.lost_code)
+        self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
         return Outcome(status, first.get("state") != "terminated")
 
     def _wait_child(self, timeout_s: float | None) -> bool:
@@ -349,12 +314,12 @@ class Supervisor:
             return
         deadline = time.monotonic() + min(self.grace_s, 5.0)
         while time.monotonic() < deadline:
-            _reap_orphans()
+            jobview.reap_orphans()
             if not self._signal_group(0):
                 return
             time.sleep(0.05)
         self._signal_group(signal.SIGKILL)
-        _reap_orphans()
+        jobview.reap_orphans()
 
     # -- the sidecar --------------------------------------------------------------------
 
@@ -393,7 +358,7 @@ class Supervisor:
                     )
                     gone = True
                 boot = None
-                time.sleep(RETRY_S)
+                time.sleep(jobview.RETRY_S)
                 continue
             if gone:
                 self.say("rallypoint: the sidecar answers again; the job's state is reported")
@@ -407,7 +372,7 @@ class Supervisor:
                 boot = None  # the sidecar restarted: it must hear of the job again
                 continue
             boot = view.get("boot")
-            version = int(_number(view.get("version")) or 0)
+            version = int(jobview.number(view.get("version")) or 0)
             if view.get("stop") is True:
                 events.put(("stop", view))
                 return
@@ -425,61 +390,3 @@ class Supervisor:
         else:
             state = wirejobs.Report("running", self._started, attempt=self._attempt)
         return wirejobs.encode_report(state)
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGKILL it when `run` dies (a SIGKILL `run` cannot pass on, say).
-
-    Linux's PR_SET_PDEATHSIG; elsewhere, or when it fails, nothing: the job then outlives a
-    killed `run`, as it would any other parent.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _reap_orphans() -> None:
-    """As PID 1 (a container's entrypoint) the job's orphans are ours to reap."""
-    if os.getpid() != 1:
-        return
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _state(first: Mapping[str, object]) -> jobs.JobState:
-    """The first failure as the local API shows it, back as a state (for its exit status)."""
-    code, number = first.get("code"), first.get("signal")
-    attempt = first.get("attempt")
-    return jobs.JobState(
-        rank=int(_number(first.get("rank")) or 0),
-        host=str(first.get("host")),
-        state=str(first.get("state")),
-        code=code if isinstance(code, int) else None,
-        signal=number if isinstance(number, int) else None,
-        detail=str(first.get("detail") or ""),
-        attempt=attempt if isinstance(attempt, int) and attempt >= 0 else 0,
-    )
-
-
-def _line(first: Mapping[str, object], before_s: float | None) -> str:
-    return jobs.line(_state(first), before_s)
-
-
-def _starting(view: Mapping[str, object]) -> str:
-    """How many nodes are starting, from a job view: "3 of 4 nodes starting attempt 1"."""
-    counts, own = view.get("counts"), view.get("own")
-    total = sum(v for v in counts.values() if isinstance(v, int)) if isinstance(counts, dict) else 0
-    starting = counts.get("starting", 0) if isinstance(counts, dict) else 0
-    attempt = own.get("attempt") if isinstance(own, dict) else None
-    return f"{starting} of {total} nodes starting attempt {attempt}"

@@ -9,14 +9,9 @@ the master's own job ending) is pushed down at once, by the master to the ranks 
 to it, by each relay to its group. A node named lost while its job ran is a failure too
 (JobBook.lose). Every local waiter (GET /job?after=) wakes on each change.
 
-Attempts (docs/run.md "Restarting in place"): a `run` about to start its child reports
-*starting*; its sidecar numbers it for the attempt after the last one the cluster started
-(``book.go``), once it has heard the cluster's count since it booted (a worker: one answer
-from its upstream; the master: a keep-alive from every node, or the liveness bound), so that
-a restarted sidecar never numbers a run into an attempt already under way. The master starts
-an attempt when every node is starting for it (JobBook.advance) and pushes the count down at
-once, like a first failure; every keep-alive and answer carries the sender's count, so a
-restarted master learns it back from the workers.
+Attempts (attempts.py, docs/run.md "Restarting in place"): the master starts one when every
+node is starting for it and pushes the count down at once, like a first failure; every
+keep-alive and answer carries the sender's count, so a restarted master learns it back.
 """
 
 from __future__ import annotations
@@ -24,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterable
 
 import msgspec
@@ -32,9 +26,9 @@ import msgspec
 from rallypoint.core import fanout, jobs
 from rallypoint.core.jobs import JobBook, JobState
 from rallypoint.core.liveness import Down
-from rallypoint.errors import PeerMessageError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
+from rallypoint.rendezvous.attempts import Attempts
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire.jobs import Report
 
@@ -83,14 +77,9 @@ class JobWatch:
         self._delivered = 0
         #: The master's counts by state (a worker's table shows at most MAX_JOBS_SHOWN).
         self._counts: dict[str, int] = {}
-        #: Whether the nodes carry job states to each other (off: --keepalive 0), so that an
-        #: attempt starts when every node is starting; without, each run starts at once.
-        self.coordinated = coordinated
-        #: A starting report not numbered yet (this node has not heard the cluster's count).
-        self._unnumbered: JobState | None = None
-        #: The master: the nodes heard since boot, and when it stops waiting for the rest.
-        self._heard: set[int] = set()
-        self._sync_deadline = time.monotonic() + sync_bound_s
+        self.attempts = Attempts(
+            spec, self.book, coordinated=coordinated, sync_bound_s=sync_bound_s
+        )
         self._go_pushed = -1
 
     # -- what this node's `run` says ----------------------------------------------------
@@ -104,7 +93,7 @@ class JobWatch:
         # it would change with each new clock sample, and the same run's end could look like
         # an older run's and be dropped. Every other stamp is on the master's clock.
         started = round(report.started, 3)
-        attempt = self._reported_attempt(report)
+        attempt = self.attempts.of_report(report)
         job = JobState(
             spec.rank,
             spec.host,
@@ -123,7 +112,7 @@ class JobWatch:
         delivered = self._delivered
         if attempt < 0:
             # Starting, not numbered yet: held until this node has heard the cluster's count.
-            self._unnumbered = job
+            self.attempts.unnumbered = job
             if not await self._number():
                 self.nudge_up()  # a keep-alive brings the count back at once
             return
@@ -141,49 +130,11 @@ class JobWatch:
             async with asyncio.timeout(settle_s), self._changed:
                 await self._changed.wait_for(lambda: self._delivered > delivered)
 
-    def _reported_attempt(self, report: Report) -> int:
-        """The attempt a report belongs to: -1 for a starting run (numbered later); for any
-        other, the attempt `run` was told to start, which must have been started (a report
-        that names none belongs to the attempt started last)."""
-        if report.state == "starting":
-            return -1
-        if report.attempt is None:
-            return max(self.book.go, 0)  # the attempt started last (or the first)
-        attempt = report.attempt
-        # A restarted sidecar learns the count back from the others (or, alone, from `run`'s
-        # report): it refuses only what it knows was never started.
-        known = self._synced() and self.book.go >= 0
-        allowed = self._start(self.book.state(self.spec.rank))
-        if known and attempt > self.book.go and attempt != allowed:
-            raise PeerMessageError(
-                f"job report: attempt {attempt} was never started (the cluster's last is "
-                f"{self.book.go}); report the attempt GET /job said to start"
-            )
-        return attempt
-
-    def _synced(self) -> bool:
-        """Whether this node has heard the cluster's attempt count since it booted."""
-        spec = self.spec
-        if not self.coordinated or spec.nnodes == 1:
-            return True
-        if spec.is_master:
-            return len(self._heard) >= spec.nnodes - 1 or time.monotonic() >= self._sync_deadline
-        return self._upstream_boot != "-"
-
     async def _number(self) -> bool:
-        """Number the held starting report (the next attempt) once synced; whether it did.
-
-        A starting state whose attempt the cluster already started without it (a stale
-        count) is numbered again for the next one: a run never joins an attempt under way.
-        """
-        own = self._unnumbered or self.book.state(self.spec.rank)
-        if own.state != "starting" or not self._synced():
+        """Take this node's starting state once it can be numbered; whether it was."""
+        job = self.attempts.numbered(self._now())
+        if job is None:
             return False
-        stale = self._unnumbered is None and own.attempt < self.book.go
-        if self._unnumbered is None and not stale:
-            return False
-        self._unnumbered = None
-        job = msgspec.structs.replace(own, attempt=self.book.go + 1, since=round(self._now(), 3))
         log.info("job_starting", extra={"attempt": job.attempt})
         await self._take([job])
         if not self.spec.is_master:
@@ -220,6 +171,7 @@ class JobWatch:
             # A restarted upstream knows nothing of what we sent before: send it again.
             self._upstream_boot = answer.boot
             self._sent.clear()
+        self.attempts.upstream_heard = True
         incoming = [] if answer.first is None else [answer.first]
         if answer.jobs is not None:
             incoming += answer.jobs
@@ -236,7 +188,7 @@ class JobWatch:
         incoming += [job for job in alive.jobs if job.rank in group]
         if upstream and alive.first is not None:
             incoming.append(alive.first)
-        self._heard.add(alive.rank)
+        self.attempts.heard.add(alive.rank)
         changed = await self._take(incoming, from_upstream=upstream, go=alive.go)
         await self._number()
         if changed and not upstream and not self.spec.is_master:
@@ -382,19 +334,10 @@ class JobWatch:
 
     # -- what the local API shows -------------------------------------------------------
 
-    def _start(self, own: JobState) -> int | None:
-        """The attempt this node's `run` may start its child for now, if any."""
-        if own.state != "starting":
-            return None
-        if not self.coordinated:
-            return own.attempt
-        return own.attempt if own.attempt == self.book.go else None
-
     def view(self) -> dict[str, object]:
         """GET /job and /status "job": this node's job, the first failure, every node's state."""
         book, spec, now = self.book, self.spec, self._now()
-        own = self._unnumbered or book.state(spec.rank)
-        numbered = self._unnumbered is None
+        own = self.attempts.own()
         first = book.first if own.state == "starting" else book.first_of(own.attempt)
         starting = own.state == "starting"
         return {
@@ -404,7 +347,7 @@ class JobWatch:
             "host": spec.host,
             "attempt": book.go,
             "own": jobs.as_json(own, now),
-            "start": self._start(own) if numbered else None,
+            "start": self.attempts.start(),
             "first": None if first is None else jobs.as_json(first, now),
             "attempts": [jobs.as_json(f, now) for f in book.firsts()],
             "stop": not starting and jobs.stops(first, spec.rank),

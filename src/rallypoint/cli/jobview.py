@@ -1,0 +1,121 @@
+"""What `rallypoint run` reads of its sidecar's job view (GET /job), and the start of an
+attempt: report starting, wait until every node is starting too (docs/run.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+
+from rallypoint.cli import client
+from rallypoint.core import jobs
+from rallypoint.errors import RallypointError
+from rallypoint.wire import jobs as wirejobs
+
+#: Seconds between attempts to reach a sidecar that does not answer.
+RETRY_S = 1.0
+#: Longest single wait for the attempt's start; the loop looks at signals and its bound.
+START_POLL_S = 1.0
+#: After this long at the start, `run` says once what it waits for.
+START_SAY_S = 3.0
+
+
+def wait_start(
+    url: str,
+    started: float,
+    bound_s: float | None,
+    *,
+    stopped: Callable[[], bool],
+    say: Callable[[str], None],
+) -> int | None:
+    """Report starting, and wait until the sidecar says which attempt to start (None: not
+    within ``bound_s``, or ``stopped()`` from outside meanwhile)."""
+    body = wirejobs.encode_report(wirejobs.Report("starting", started))
+    began = time.monotonic()
+    view: dict[str, object] | None = None
+    gone = said = False
+    while not stopped():
+        waited = time.monotonic() - began
+        if bound_s is not None and waited > bound_s:
+            return None
+        try:
+            if view is None:
+                view = client.report_job(url, body)
+            else:
+                later = client.job(url, int(number(view.get("version")) or 0), START_POLL_S)
+                view = None if later.get("boot") != view.get("boot") else later
+                if view is None:
+                    continue  # the sidecar restarted: it must hear we are starting
+        except RallypointError as exc:
+            if not gone:
+                say(f"rallypoint: warning: {exc}; waiting for the sidecar to start")
+                gone = True
+            view = None
+            time.sleep(RETRY_S)
+            continue
+        start = view.get("start")
+        if isinstance(start, int) and not isinstance(start, bool):
+            return start
+        if not said and waited >= START_SAY_S:
+            said = True
+            say(f"rallypoint: waiting for every node to start: {starting(view)}")
+    return None
+
+
+def number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def state(first: Mapping[str, object]) -> jobs.JobState:
+    """The first failure as the local API shows it, back as a state (for its exit status)."""
+    code, signum, attempt = first.get("code"), first.get("signal"), first.get("attempt")
+    return jobs.JobState(
+        rank=int(number(first.get("rank")) or 0),
+        host=str(first.get("host")),
+        state=str(first.get("state")),
+        code=code if isinstance(code, int) else None,
+        signal=signum if isinstance(signum, int) else None,
+        detail=str(first.get("detail") or ""),
+        attempt=attempt if isinstance(attempt, int) and attempt >= 0 else 0,
+    )
+
+
+def line(first: Mapping[str, object]) -> str:
+    """The first-failure line for a failure as the local API shows it."""
+    return jobs.line(state(first), number(first.get("ago_s")))
+
+
+def starting(view: Mapping[str, object]) -> str:
+    """How many nodes are starting, from a job view: "3 of 4 nodes starting attempt 1"."""
+    counts, own = view.get("counts"), view.get("own")
+    total = sum(v for v in counts.values() if isinstance(v, int)) if isinstance(counts, dict) else 0
+    waiting = counts.get("starting", 0) if isinstance(counts, dict) else 0
+    attempt = own.get("attempt") if isinstance(own, dict) else None
+    return f"{waiting} of {total} nodes starting attempt {attempt}"
+
+
+def die_with_parent() -> None:
+    """In the child: SIGKILL it when `run` dies (a SIGKILL `run` cannot pass on, say).
+
+    Linux's PR_SET_PDEATHSIG; elsewhere, or when it fails, nothing: the job then outlives a
+    killed `run`, as it would any other parent.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def reap_orphans() -> None:
+    """As PID 1 (a container's entrypoint) the job's orphans are ours to reap."""
+    if os.getpid() != 1:
+        return
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass

@@ -1,0 +1,97 @@
+"""Which attempt this node's `run` belongs to, and when it may start (docs/run.md).
+
+A `run` about to start its child reports *starting*. It is numbered for the attempt after
+the last one the cluster started (``book.go``), but only once this node has heard the
+cluster's count since it booted (a worker: one answer from its upstream; the master: a
+keep-alive from every node, or the liveness bound), so that a restarted sidecar never
+numbers a run into an attempt already under way. The master starts an attempt when every
+node is starting for it (JobBook.advance); a run may start its child when the attempt it is
+numbered for is the one the cluster started.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from rallypoint.core.jobs import JobBook, JobState
+from rallypoint.errors import PeerMessageError
+from rallypoint.model import ClusterSpec
+from rallypoint.wire.jobs import Report
+
+
+class Attempts:
+    """This node's side of the attempt count: its run's number and its start."""
+
+    def __init__(
+        self, spec: ClusterSpec, book: JobBook, *, coordinated: bool, sync_bound_s: float
+    ) -> None:
+        self.spec = spec
+        self.book = book
+        #: Whether the nodes carry job states to each other (off: --keepalive 0); without,
+        #: each run starts at once.
+        self.coordinated = coordinated
+        #: A starting report not numbered yet (this node has not heard the cluster's count).
+        self.unnumbered: JobState | None = None
+        #: A worker: whether its upstream answered since this sidecar booted.
+        self.upstream_heard = False
+        #: The master: the nodes heard since boot, and when it stops waiting for the rest.
+        self.heard: set[int] = set()
+        self._sync_deadline = time.monotonic() + sync_bound_s
+
+    def synced(self) -> bool:
+        """Whether this node has heard the cluster's attempt count since it booted."""
+        spec = self.spec
+        if not self.coordinated or spec.nnodes == 1:
+            return True
+        if spec.is_master:
+            return len(self.heard) >= spec.nnodes - 1 or time.monotonic() >= self._sync_deadline
+        return self.upstream_heard
+
+    def own(self) -> JobState:
+        """This node's job as its run last said it (a starting report not numbered yet too)."""
+        return self.unnumbered or self.book.state(self.spec.rank)
+
+    def of_report(self, report: Report) -> int:
+        """The attempt a report belongs to: -1 for a starting run (numbered later); for any
+        other, the attempt `run` was told to start, which must have been started (a report
+        that names none belongs to the attempt started last). PeerMessageError otherwise."""
+        book = self.book
+        if report.state == "starting":
+            return -1
+        if report.attempt is None:
+            return max(book.go, 0)
+        # A restarted sidecar learns the count back from the others (or, alone, from `run`'s
+        # report): it refuses only what it knows was never started.
+        known = self.synced() and book.go >= 0
+        if known and report.attempt > book.go and report.attempt != self.start():
+            raise PeerMessageError(
+                f"job report: attempt {report.attempt} was never started (the cluster's last "
+                f"is {book.go}); report the attempt GET /job said to start"
+            )
+        return report.attempt
+
+    def numbered(self, now: float) -> JobState | None:
+        """The starting state to take now, numbered for the next attempt; None when there is
+        none to take (not starting, not synced yet, or numbered already and current).
+
+        A starting state whose attempt the cluster started without it (a stale count) is
+        numbered again for the next one: a run never joins an attempt under way.
+        """
+        own = self.own()
+        if own.state != "starting" or not self.synced():
+            return None
+        if self.unnumbered is None and own.attempt >= self.book.go:
+            return None
+        self.unnumbered = None
+        return msgspec.structs.replace(own, attempt=self.book.go + 1, since=round(now, 3))
+
+    def start(self) -> int | None:
+        """The attempt this node's run may start its child for now, if any."""
+        own = self.book.state(self.spec.rank)
+        if self.unnumbered is not None or own.state != "starting":
+            return None
+        if not self.coordinated:
+            return own.attempt
+        return own.attempt if own.attempt == self.book.go else None
