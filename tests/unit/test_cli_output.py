@@ -118,6 +118,23 @@ def test_status_shows_the_job_and_its_first_failure() -> None:
     assert "  - main1 (rank 0): running" in text
 
 
+def test_status_shows_the_attempt_and_each_earlier_attempt_s_first_failure() -> None:
+    crash = {"rank": 2, "host": "sub2", "state": "exited", "what": "exited 3", "attempt": 0}
+    lost = {"rank": 1, "host": "sub1", "state": "lost", "what": "lost: x", "attempt": 1}
+    job = {
+        "attempt": 2,
+        "counts": {"waiting": 0, "running": 3},
+        "first": None,
+        "attempts": [{**crash, "ago_s": 60.0}, {**lost, "ago_s": 20.0}],
+        "nodes": [],
+    }
+    text = cli_status.format_status({"ready": True, "job": job})
+    assert "job: attempt 2: 3 running" in text
+    assert "  attempt 0: first failure sub2 (rank 2) exited 3, 60.0 s ago" in text
+    assert "  attempt 1: first failure sub1 (rank 1) lost: x, 20.0 s ago" in text
+    assert "  first failure:" not in text
+
+
 def test_status_says_nothing_of_a_job_nobody_runs() -> None:
     job = {"counts": {"waiting": 3}, "first": None, "nodes": []}
     assert "job" not in cli_status.format_status({"ready": True, "job": job})

@@ -148,19 +148,27 @@ def job_lines(job: object, *, show_all: bool = False) -> list[str]:
         return []  # no node runs its job under `rallypoint run` (yet)
     said = ", ".join(f"{n} {state}" for state, n in sorted(started.items(), key=_by_count))
     waiting = counts.get("waiting")
-    out = ["", f"job: {said}" + (f", {waiting} not started" if waiting else "")]
+    attempt = job.get("attempt")
+    which = f"attempt {attempt}: " if isinstance(attempt, int) and attempt > 0 else ""
+    out = ["", f"job: {which}{said}" + (f", {waiting} not started" if waiting else "")]
     if isinstance(first, dict):
-        ago = first.get("ago_s")
-        when = f", {ago:.1f} s ago" if isinstance(ago, int | float) else ""
-        out.append(
-            f"  first failure: {first.get('host')} (rank {first.get('rank')})"
-            f" {first.get('what')}{when}"
-        )
+        out.append(f"  first failure: {_failure(first)}")
+    earlier = [f for f in job.get("attempts") or () if isinstance(f, dict)]
+    for failed in earlier:
+        if failed.get("attempt") != attempt:
+            out.append(f"  attempt {failed.get('attempt')}: first failure {_failure(failed)}")
     nodes = [n for n in job.get("nodes") or () if isinstance(n, dict)]
     if not show_all and len(nodes) > SUMMARY_ABOVE:
         nodes = [n for n in nodes if n.get("state") != "running"]
     out += [f"  - {n.get('host')} (rank {n.get('rank')}): {n.get('what')}" for n in nodes]
     return out
+
+
+def _failure(first: Mapping[str, Any]) -> str:
+    """sub2 (rank 2) exited 3, 4.2 s ago."""
+    ago = first.get("ago_s")
+    when = f", {ago:.1f} s ago" if isinstance(ago, int | float) else ""
+    return f"{first.get('host')} (rank {first.get('rank')}) {first.get('what')}{when}"
 
 
 #: The peer states that are a problem: the summary lists these peers.
