@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.slurm import cluster as slurm_cluster
-from tests.slurm.conftest import NODES, runnable_guide_script
+from tests.slurm.conftest import NODES
 from tests.slurm.jobs import FINAL_STATES
+from tests.slurm.recorded import Ended, cancel, ended, output, submit
 from tests.support.netns import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
-TRAIN = Path(__file__).with_name("steady_train.py")
 #: The node that vanishes: not the master (gpu07, the list's first node, which also runs
 #: the batch script and srun).
 VICTIM = "gpu08"
@@ -50,53 +48,6 @@ LOST_EXIT_CODE = 75
 RUNNING_TIMEOUT_S = 180.0
 REQUEUE_TIMEOUT_S = 180.0
 
-#: The guide's last command, and what the test runs instead: the same command, then its
-#: status and the time it ended written to a file of the node's own (the job's directory
-#: is on the filesystem every node shares), then the same exit.
-RUN_LINE = "  rallypoint run --restarts 3 --rejoin-timeout 0 -- torchrun train.py\n"
-RECORDED_RUN = """\
-  rallypoint run --restarts 3 --rejoin-timeout 0 -- torchrun train.py
-  status=$?
-  echo "$status $(date +%s.%N)" > "status/$SLURMD_NODENAME.tmp"
-  mv "status/$SLURMD_NODENAME.tmp" "status/$SLURMD_NODENAME"
-  exit $status
-"""
-
-
-@dataclass(frozen=True)
-class Ended:
-    """How one node's `rallypoint run` ended: its exit status, and when (epoch seconds)."""
-
-    status: int
-    at: float
-
-
-def requeue_script() -> str:
-    """The guide's script, one process per node, each node's `run` status recorded."""
-    script = runnable_guide_script()
-    assert script.count(RUN_LINE) == 1, script
-    assert "#SBATCH --requeue\n" in script, "the guide's job must ask to be requeued"
-    script = re.sub(
-        r"^export RALLYPOINT_NPROC_PER_NODE=\d+$",
-        "export RALLYPOINT_NPROC_PER_NODE=1",
-        script,
-        flags=re.MULTILINE,
-    )
-    return script.replace(RUN_LINE, RECORDED_RUN)
-
-
-def output(workdir: Path, job_id: str) -> str:
-    path = workdir / f"slurm-{job_id}.out"
-    return path.read_text(errors="replace") if path.exists() else ""
-
-
-def ended(workdir: Path, name: str) -> Ended | None:
-    path = workdir / "status" / name
-    if not path.exists():
-        return None
-    status, at = path.read_text().split()
-    return Ended(int(status), float(at))
-
 
 def requeue_lines(slurm: slurm_cluster.SlurmCluster, job_id: str) -> list[str]:
     """What slurmctld logged about the job's end and requeue: the reason Slurm acted on.
@@ -108,17 +59,6 @@ def requeue_lines(slurm: slurm_cluster.SlurmCluster, job_id: str) -> list[str]:
     text = log.read_text(errors="replace") if log.exists() else ""
     pattern = re.compile(rf"(equeu.*JobId={job_id}\b|JobId={job_id} WEXITSTATUS)")
     return [line for line in text.splitlines() if pattern.search(line)]
-
-
-def submit(
-    slurm: slurm_cluster.SlurmCluster, job_env: dict[str, str], label: str
-) -> tuple[Path, str]:
-    """Submit the recorded guide script with the never-ending trainer: (workdir, job id)."""
-    workdir = slurm.job_dir(label)
-    shutil.copy(TRAIN, workdir / "train.py")
-    (workdir / "status").mkdir()
-    job_id = slurm.submit(requeue_script(), workdir, args=[f"--nodes={NODES}"], env=job_env)
-    return workdir, job_id
 
 
 def wait_running(slurm: slurm_cluster.SlurmCluster, workdir: Path, job_id: str) -> None:
@@ -193,17 +133,6 @@ def wait_requeued(slurm: slurm_cluster.SlurmCluster, job_id: str, since: float) 
     for line in requeue_lines(slurm, job_id):
         print(f"slurmctld: {line}")
     return record
-
-
-def cancel(slurm: slurm_cluster.SlurmCluster, job_id: str) -> None:
-    """scancel the job (requeued and pending, or whatever it is) and wait for its end."""
-    slurm.client(["scancel", job_id], check=False)
-    wait_for(
-        lambda: slurm.job_record(job_id).get("JobState") in FINAL_STATES,
-        timeout_s=60,
-        interval_s=0.5,
-        what=f"job {job_id} cancelled",
-    )
 
 
 def test_vanished_node_stops_the_others_with_75_and_slurm_requeues(

@@ -17,7 +17,7 @@ import pytest
 
 from tests.slurm import cluster as slurm_cluster
 from tests.slurm.conftest import NODES
-from tests.slurm.test_requeue import cancel, ended, output, submit
+from tests.slurm.recorded import cancel, ended, output, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
