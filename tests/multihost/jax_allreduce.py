@@ -7,7 +7,8 @@ Run one per node under `rallypoint exec`, which puts the served env into os.envi
 jax.distributed.initialize reads JAX_COORDINATOR_ADDRESS (and, on the master,
 JAX_COORDINATOR_BIND_ADDRESS) itself; the count and the id are passed from the served
 JAX_NUM_PROCESSES and JAX_PROCESS_ID. Prints one line ``RESULT {json}`` and exits 0 only
-when every process's contribution arrived and the sum is right.
+when every process's contribution arrived and the sum is right. With CLIENT_CRASH=N process
+N exits 3 at once in attempt 0 (RALLYPOINT_ATTEMPT), for the restart tests.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import sys
 
 
 def main() -> int:
+    crash = os.environ.get("CLIENT_CRASH")
+    if crash == os.environ["JAX_PROCESS_ID"] and os.environ.get("RALLYPOINT_ATTEMPT") == "0":
+        print(f"CRASH process {crash} in attempt 0", flush=True)  # the restart tests' fault
+        return 3
     import jax  # late: the import is slow
 
     jax.config.update("jax_platforms", "cpu")

@@ -5,7 +5,8 @@ Run one per node under `rallypoint exec`, which puts the served TF_CONFIG into o
     rallypoint exec -- python tf_allreduce.py
 
 Every task (chief or worker) contributes its global task number + 1; prints one line
-``RESULT {json}`` and exits 0 only when the all-reduced sum is right.
+``RESULT {json}`` and exits 0 only when the all-reduced sum is right. With CLIENT_CRASH=N
+task N exits 3 at once in attempt 0 (RALLYPOINT_ATTEMPT), for the restart tests.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def main() -> int:
     order = [("chief", i) for i in range(len(cluster.get("chief", [])))]
     order += [("worker", i) for i in range(len(cluster.get("worker", [])))]
     number = order.index((task["type"], task["index"]))
+    attempt = os.environ.get("RALLYPOINT_ATTEMPT")
+    if os.environ.get("CLIENT_CRASH") == str(number) and attempt == "0":
+        print(f"CRASH task {number} in attempt 0", flush=True)  # the restart tests' fault
+        return 3
 
     import tensorflow as tf  # late: the import is slow
 
