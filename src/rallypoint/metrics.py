@@ -113,6 +113,14 @@ def counter(name: str, doc: str, *labels: str) -> Family:
     return Family("counter", name, doc, *labels)
 
 
+def by_cause(name: str, doc: str) -> Family:
+    """A family of counters by job failure cause, every cause exposed at 0 from the start."""
+    family = counter(name, doc, "cause")
+    for cause in JOB_FAILURE_CAUSES:
+        family.labels(cause)
+    return family
+
+
 def gauge(name: str, doc: str, *labels: str) -> Family:
     """A family of gauges (prometheus_client's Gauge, kept in plain numbers)."""
     return Family("gauge", name, doc, *labels)
@@ -239,21 +247,15 @@ class Metrics:
             "node knows them",
             "state",
         )
-        self.job_failures = counter(
+        self.job_failures = by_cause(
             "rallypoint_job_failures",
             "Job failures this node heard of, by cause (exited, killed, terminated, lost)",
-            "cause",
         )
-        for cause in JOB_FAILURE_CAUSES:
-            self.job_failures.labels(cause)
-        self.job_restarts = counter(
+        self.job_restarts = by_cause(
             "rallypoint_job_restarts",
             "Attempts of the job this node saw start after a failed one, by the failed "
             "attempt's first failure (exited, killed, terminated, lost)",
-            "cause",
         )
-        for cause in JOB_FAILURE_CAUSES:
-            self.job_restarts.labels(cause)
         self.job_attempt = gauge(
             "rallypoint_job_attempt",
             "The attempt of the job the cluster started last, from 0 (-1: none yet)",

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from rallypoint.cli import client, jobview
+from rallypoint.cli import childproc, client, jobview
 from rallypoint.core import jobs
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobs as wirejobs
@@ -78,9 +78,8 @@ class Supervisor:
         self.restarts = restarts
         self.rejoin_timeout_s = rejoin_timeout_s
         self.start_timeout_s = start_timeout_s
-        #: The attempt the child runs in, and what it ends with: new for each attempt.
+        #: The attempt the child runs in, and the queue its threads report to: new for each.
         self._attempt = 0
-        self._over = threading.Event()
         self._events: queue.Queue[tuple[str, object]] = queue.Queue()
         self._child: subprocess.Popen[bytes] | None = None
         self._started = 0.0
@@ -146,7 +145,6 @@ class Supervisor:
         if self._terminated is not None:
             return Outcome(128 + self._terminated, False)  # stopped as the attempt began
         self._attempt = attempt
-        self._over = threading.Event()
         self._events = queue.Queue()
         self._ended_at = None
         env = {
@@ -156,7 +154,7 @@ class Supervisor:
         }
         try:
             self._child = subprocess.Popen(
-                self.command, env=env, start_new_session=True, preexec_fn=jobview.die_with_parent
+                self.command, env=env, start_new_session=True, preexec_fn=childproc.die_with_parent
             )
         except FileNotFoundError:
             self.say(f"error: {self.command[0]!r} not found: check the command and PATH")
@@ -170,7 +168,7 @@ class Supervisor:
         pending, self._pending = self._pending, []
         for signum in pending:
             self._signal_group(signum)
-        events, over = self._events, self._over
+        events, over = self._events, threading.Event()
         threading.Thread(target=self._reap, name="rallypoint-reap", daemon=True).start()
         threading.Thread(
             target=self._watch, args=(events, over), name="rallypoint-watch", daemon=True
@@ -314,12 +312,12 @@ class Supervisor:
             return
         deadline = time.monotonic() + min(self.grace_s, 5.0)
         while time.monotonic() < deadline:
-            jobview.reap_orphans()
+            childproc.reap_orphans()
             if not self._signal_group(0):
                 return
             time.sleep(0.05)
         self._signal_group(signal.SIGKILL)
-        jobview.reap_orphans()
+        childproc.reap_orphans()
 
     # -- the sidecar --------------------------------------------------------------------
 

@@ -34,8 +34,6 @@ STATES = ("waiting", "starting", "running", "terminated", "stopped", "exited", "
 _ORDER = {state: index for index, state in enumerate(STATES)}
 #: What `rallypoint run` reports to its own sidecar (lost is only ever named by the others).
 REPORTED = ("starting", "running", "terminated", "stopped", "exited", "killed")
-#: The states a job's attempt has ended in, on its node.
-ENDED = ("stopped", "exited", "killed", "lost")
 #: Attempts are numbered from 0; -1 stands for "none started yet".
 MAX_ATTEMPT = 2**31 - 1
 Attempt = Annotated[int, within(0, MAX_ATTEMPT)]
