@@ -131,6 +131,30 @@ async def test_no_attempt_starts_until_every_node_is_starting() -> None:
         assert all(attempts_seen(stdout) == [0] for _, stdout, _ in done.values()), done
 
 
+async def test_a_run_killed_mid_attempt_and_started_again_restarts_the_job_everywhere() -> None:
+    """node1's `run` is SIGKILLed (its child dies with it: nothing reports the end), and a new
+    `run` starts there, as a container restarted on failure would. The others' jobs, which
+    would wait on it for ever (a collective on a peer that is gone), are stopped at once
+    naming node1, and every node runs the next attempt together."""
+    async with ready(3) as c:
+        waits = 'if [ "$RALLYPOINT_ATTEMPT" = 0 ]; then sleep 60; fi; sleep 0.2'
+        procs = await run_everywhere(c, dict.fromkeys(range(3), waits), "--restarts", "1")
+        for rank in range(3):
+            await until(lambda r=rank: c.nodes[r].node.job_status()["own"]["state"] == "running")  # type: ignore[misc,index]
+        procs[1].kill()
+        await procs[1].wait()
+        procs |= await run_everywhere(c, {1: waits}, "--restarts", "1")
+        done = await ends(procs)
+        assert {r: s for r, (s, _, _) in done.items()} == dict.fromkeys(range(3), 0), done
+        for rank in (0, 2):
+            stdout, stderr = done[rank][1:]
+            assert attempts_seen(stdout) == [0, 1], (stdout, stderr)
+            assert "first failure: node1 (rank 1) lost: its run ended without a report" in stderr
+        assert attempts_seen(done[1][1]) == [1], done[1]
+        view = c.nodes[2].node.job_status()
+        assert [(f["host"], f["state"]) for f in view["attempts"]] == [("node1", "lost")], view  # type: ignore[union-attr,index]
+
+
 @pytest.mark.parametrize(
     "args, env, named",
     [

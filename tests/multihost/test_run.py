@@ -314,3 +314,38 @@ def test_a_lost_node_that_comes_back_restarts_the_job_on_every_node(
         assert started[1]["from"] >= 2, started
         print(f"{name}: attempt 1 set up {started[1]['at'] - back_at:.3f} s after sub3's run began")
     assert [s["attempt"] for s in lines(runs["sub3"], "START")] == [1], runs["sub3"].log()
+
+
+def test_a_run_killed_and_started_again_names_its_node_and_restarts_the_job_everywhere(
+    make_cluster: MakeCluster, torch_script: Any, tmp_path: Path
+) -> None:
+    """sub2's `run` is SIGKILLed mid-job (its job dies with it, nothing reports the end) and a
+    new `run` starts there, as a container restarted on failure would. The others, in a
+    compute phase that outlasts the news, are stopped naming sub2, and every node runs the
+    next attempt to its end from the checkpoint."""
+    cluster = start(make_cluster)
+    checkpoint = str(tmp_path / "rank{rank}.step")
+    job_args = ("--compute-s", "4", "--steps", "2", "--checkpoint", checkpoint)
+    run_args = ("--restarts", "1", "--grace", "2")
+    runs = supervise(cluster, *job_args, run_args=run_args)
+    try:
+        wait_running(cluster, runs, step=0)
+        runs["sub2"].signal(signal.SIGKILL)  # run only: its job dies with it
+        killed_at = time.time()
+        argv = [sys.executable, "-m", "rallypoint", "run", "--quiet", "--timeout", "60"]
+        argv += [*run_args, "--", sys.executable, str(STEPS), "--mib", "4", *job_args]
+        again = cluster["sub2"].spawn(argv, label="run-again")
+        codes = ends({**runs, "sub2": again}, HOSTS, 2 * RUNNING_S)
+    finally:
+        for proc in [*runs.values(), again]:
+            proc.kill()
+    assert codes == dict.fromkeys(HOSTS, 0), (codes, cluster.logs())
+    for name in ("main1", "sub1", "sub3"):
+        log = runs[name].log()
+        line = first_failure_line(runs[name])
+        assert "sub2 (rank 2) lost: its run ended without a report" in line, log[-3000:]
+        assert not lines(runs[name], "ERROR"), log[-3000:]  # stopped, not failed on sub2
+        stopped = lines(runs[name], "SIGTERM")
+        print(f"{name}: job signalled {stopped[0]['at'] - killed_at:.3f} s after sub2's run died")
+        assert [s["attempt"] for s in lines(runs[name], "START")] == [0, 1], log[-3000:]
+    assert [s["attempt"] for s in lines(again, "START")] == [1], again.log()

@@ -7,6 +7,12 @@ keep-alive from every node, or the liveness bound), so that a restarted sidecar 
 numbers a run into an attempt already under way. The master starts an attempt when every
 node is starting for it (JobBook.advance); a run may start its child when the attempt it is
 numbered for is the one the cluster started.
+
+A new run that finds this node's last run still in the attempt the cluster started knows
+that run vanished (SIGKILLed, its container restarted) and its child with it: this node is
+lost in that attempt, and the new run is numbered only once the upstream's answer shows the
+failure reached it (or a later attempt began), so that the others stop that attempt rather
+than wait on a peer that is gone.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ from rallypoint.core.jobs import JobBook, JobState
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterSpec
 from rallypoint.wire.jobs import Report
+
+#: A run's states while its child may be alive in the attempt it was numbered for.
+ACTIVE = ("starting", "running", "terminated")
+#: Why a node whose run vanished is lost (Attempts.vanished).
+RUN_VANISHED = "its run ended without a report (killed, or its container restarted)"
 
 
 class Attempts:
@@ -39,6 +50,10 @@ class Attempts:
         #: The master: the nodes heard since boot, and when it stops waiting for the rest.
         self.heard: set[int] = set()
         self._sync_deadline = time.monotonic() + sync_bound_s
+        self._sync_bound_s = sync_bound_s
+        #: A vanished run's attempt, and until when numbering waits for the upstream to
+        #: know of it (a worker).
+        self._vanished: tuple[int, float] | None = None
 
     def synced(self) -> bool:
         """Whether this node has heard the cluster's attempt count since it booted."""
@@ -72,6 +87,25 @@ class Attempts:
             )
         return report.attempt
 
+    def vanished(self, started: float, now: float) -> JobState | None:
+        """For a starting report of a run started at ``started``: this node lost in the
+        attempt its last run is still in, when that is the one the cluster started and the
+        run is another (the same run asks again after a sidecar restart); else None."""
+        spec, book = self.spec, self.book
+        known = book.state(spec.rank)
+        if known.state not in ACTIVE or known.attempt != book.go or known.started == started:
+            return None
+        if not spec.is_master:
+            self._vanished = (known.attempt, time.monotonic() + self._sync_bound_s)
+        return JobState(spec.rank, spec.host, "lost", known.started, now,
+                        detail=RUN_VANISHED, attempt=known.attempt)  # fmt: skip
+
+    def heard_upstream(self, go: int, first: JobState | None) -> None:
+        """The upstream's answer: the count it has and its first failure."""
+        held = self._vanished
+        if held is not None and (go > held[0] or (first is not None and first.attempt == held[0])):
+            self._vanished = None
+
     def numbered(self, now: float) -> JobState | None:
         """The starting state to take now, numbered for the next attempt; None when there is
         none to take (not starting, not synced yet, or numbered already and current).
@@ -82,6 +116,8 @@ class Attempts:
         own = self.own()
         if own.state != "starting" or not self.synced():
             return None
+        if self._vanished is not None and time.monotonic() < self._vanished[1]:
+            return None  # the upstream does not know yet that the last run vanished
         if self.unnumbered is None and own.attempt >= self.book.go:
             return None
         self.unnumbered = None

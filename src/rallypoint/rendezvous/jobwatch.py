@@ -111,6 +111,7 @@ class JobWatch:
         )
         delivered = self._delivered
         if attempt < 0:
+            await self._run_vanished(started)
             # Starting, not numbered yet: held until this node has heard the cluster's count.
             self.attempts.unnumbered = job
             if not await self._number():
@@ -129,6 +130,17 @@ class JobWatch:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(settle_s), self._changed:
                 await self._changed.wait_for(lambda: self._delivered > delivered)
+
+    async def _run_vanished(self, started: float) -> None:
+        """A new run while the last one is still in the attempt the cluster started: that
+        one vanished, and this node is lost in that attempt (Attempts.vanished)."""
+        lost = self.attempts.vanished(started, round(self._now(), 3))
+        if lost is None:
+            return
+        log.warning("job_lost", extra={"rank": lost.rank, "host": lost.host, "detail": lost.detail})
+        await self._take([lost], mine=True)
+        if self._pushes_down():
+            self.nudge_down()
 
     async def _number(self) -> bool:
         """Take this node's starting state once it can be numbered; whether it was."""
@@ -172,6 +184,7 @@ class JobWatch:
             self._upstream_boot = answer.boot
             self._sent.clear()
         self.attempts.upstream_heard = True
+        self.attempts.heard_upstream(answer.go, answer.first)
         incoming = [] if answer.first is None else [answer.first]
         if answer.jobs is not None:
             incoming += answer.jobs
@@ -269,14 +282,19 @@ class JobWatch:
     # -- the book's changes ------------------------------------------------------------
 
     async def _take(
-        self, incoming: list[JobState], *, from_upstream: bool = False, go: int = -1
+        self,
+        incoming: list[JobState],
+        *,
+        from_upstream: bool = False,
+        mine: bool = False,
+        go: int = -1,
     ) -> bool:
         book = self.book
         first, go_before = book.first, book.go
         changed = book.learn_go(go)
         for job in incoming:
-            if job.rank == self.spec.rank and job.state == "lost" and not from_upstream:
-                continue  # only our upstream may name us lost
+            if job.rank == self.spec.rank and job.state == "lost" and not (from_upstream or mine):
+                continue  # only our upstream (or this node, of its vanished run) names us lost
             new_failure = job.failed and not book.has_failed(job.rank, job.attempt)
             if book.note(job):
                 changed = True
