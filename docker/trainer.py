@@ -17,6 +17,8 @@ It prints one line `rallypoint-trainer {json}` with the env it used and exits
 With TRAINER_HOLD_S > 0 it then "trains" that long before the summary: a job that is
 still running when a node goes away. Like a collective waiting on a dead peer, it does
 not notice by itself; `rallypoint run` stops it (SIGTERM, logged as a `stopped` line).
+With TRAINER_CRASH_HOST set to this host's name it exits 3 after its first exchange in
+attempt 0 (RALLYPOINT_ATTEMPT): a crash for `rallypoint run --restarts` to restart.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ SUMMARY_PREFIX = "rallypoint-trainer "
 TRAINING_PREFIX = "rallypoint-trainer-training "
 #: Printed when the trainer is stopped by a signal (what `rallypoint run` sends).
 STOPPED_PREFIX = "rallypoint-trainer-stopped "
+#: Printed when TRAINER_CRASH_HOST makes it crash; it then exits CRASH_CODE.
+CRASHED_PREFIX = "rallypoint-trainer-crashed "
+CRASH_CODE = 3
 CONNECT_DEADLINE_S = float(os.environ.get("TRAINER_DEADLINE_S", "120"))
 ENV_KEYS = (
     "MASTER_ADDR",
@@ -201,6 +206,10 @@ def main() -> int:
             exchanged = serve_master(port, nnodes, hostname)
         else:
             exchanged = [greet_master(addr, port, rank, hostname)]
+        if os.environ.get("TRAINER_CRASH_HOST") == hostname:
+            if os.environ.get("RALLYPOINT_ATTEMPT", "0") == "0":
+                print(f"{CRASHED_PREFIX}{hostname} with {CRASH_CODE}", flush=True)
+                return CRASH_CODE
         hold(hostname, exchanged)
     except TrainerError as exc:
         print(f"error: {hostname}: {exc}", file=sys.stderr, flush=True)

@@ -207,6 +207,16 @@ class ComposeSession:
         )
         return ok, detail
 
+    def state(self, service: str) -> dict[str, Any]:
+        """The service's container's State (Status, ExitCode, Pid, Restarting, ...)."""
+        return self._state(self.container_id(service))
+
+    def restarts(self, service: str) -> int:
+        """How often Docker restarted the service's container (its restart policy)."""
+        cid = self.container_id(service)
+        out = run([self.docker, "inspect", "-f", "{{.RestartCount}}", cid], timeout_s=60).stdout
+        return int(out.strip())
+
     def _state(self, cid: str) -> dict[str, Any]:
         out = run([self.docker, "inspect", "-f", "{{json .State}}", cid], timeout_s=60).stdout
         state = json.loads(out)

@@ -79,9 +79,10 @@ REMOVALS = [
 def session(tools: tuple[str, list[str]]) -> Iterator[engine.ComposeSession]:
     """compose.yaml with trainers that hold, always torn down with down -v."""
     docker, compose = tools
-    project = engine.ComposeSession(
-        docker=docker, compose=compose, file=FILE, variables={"TRAINER_HOLD_S": str(HOLD_S)}
-    )
+    # A node taken away for good: no rejoin to wait for, no container started again.
+    variables = {"TRAINER_HOLD_S": str(HOLD_S), "RALLYPOINT_REJOIN_TIMEOUT": "0",
+                 "TRAINER_RESTART": "no"}  # fmt: skip
+    project = engine.ComposeSession(docker=docker, compose=compose, file=FILE, variables=variables)
     try:
         yield project
     finally:
