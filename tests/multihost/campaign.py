@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.multihost.injections import FAULTS
+from tests.multihost.restarted import RESTART_KINDS
 from tests.multihost.rounds import Campaign, Options
 from tests.multihost.supervised import JOB_KINDS
 from tests.support.cluster.runs import close_all, prerequisites, sweep_stale
@@ -47,7 +48,8 @@ def render(summary: dict[str, Any]) -> Iterator[str]:
     job_rounds = summary["supervised"]
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(job_rounds["rounds"].items())) or "none"
     yield (f"supervised rounds: {kinds}; false stops: {job_rounds['false_stops']}; "
-           f"jobs failing on a peer before their stop: {job_rounds['cascaded']}")  # fmt: skip
+           f"jobs failing on a peer before their stop: {job_rounds['cascaded']}; "
+           f"restart rounds completed: {job_rounds['restarts_completed']}")  # fmt: skip
     for kind, spread in job_rounds["stop_latency_s"].items():
         yield (f"stop latency {kind}: n={spread['n']} p50={spread['p50']}s "
                f"p99={spread['p99']}s max={spread['max']}s")  # fmt: skip
@@ -99,9 +101,9 @@ def parse(argv: Sequence[str] | None = None) -> Options:
     if args.nodes < 3:
         parser.error("--nodes must be at least 3")
     jobs = tuple(j for j in args.jobs.split(",") if j)
-    unknown = [j for j in jobs if j not in JOB_KINDS]
+    unknown = [j for j in jobs if j not in JOB_KINDS + RESTART_KINDS]
     if unknown or not jobs:
-        parser.error(f"unknown jobs {unknown}; choose from {','.join(JOB_KINDS)}")
+        parser.error(f"unknown jobs {unknown}; choose from {','.join(JOB_KINDS + RESTART_KINDS)}")
     if args.supervised_every < 0:
         parser.error("--supervised-every must be 0 or more")
     return Options(
@@ -123,8 +125,8 @@ def _parser() -> argparse.ArgumentParser:
                              "at random")  # fmt: skip
     parser.add_argument("--supervised-every", type=int, default=Options.supervised_every,
                         help="every Nth round is a supervised-job round (0: none)")  # fmt: skip
-    parser.add_argument("--jobs", default=",".join(JOB_KINDS),
-                        help=f"job faults of those rounds: {','.join(JOB_KINDS)}")  # fmt: skip
+    kinds = ",".join(JOB_KINDS + RESTART_KINDS)
+    parser.add_argument("--jobs", default=kinds, help=f"job faults of those rounds: {kinds}")
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--relay-group", type=int, default=0, help="the sidecars' --relay-group")
     parser.add_argument("--keepalive", type=float, default=1.5,

@@ -47,8 +47,9 @@ END_SLACK_S = 30.0
 
 
 class JobRound:
-    """One supervised-job round; a fresh session after a fault that stopped the job (every
-    sidecar restarted: they keep a failure for life)."""
+    """One supervised-job round. The sidecars run on into the next round: `run` again on a
+    session that stays up must start the next attempt (only a node that vanished gets its
+    sidecar back, as its container would)."""
 
     def __init__(self, c: Campaign, number: int, kind: str) -> None:
         self.c = c
@@ -87,8 +88,7 @@ class JobRound:
         heal_t = time.monotonic()
         if self.target is not None and self.kind == "job_lost":
             c.cluster[self.target].link_up()
-        if self.kind in supervised.STOPPING or any(log.status != 0 for log in self.logs.values()):
-            new_session(c)  # a failure is kept: the next job would be stopped at once
+            c.watch.start(self.target)
         took = c.settle(self.number, self.kind, heal_t, "job")
         c.rounds_done = self.number
         self.report(before, heal_t, took)
@@ -280,11 +280,3 @@ def vanish(c: Campaign, name: str) -> None:
     netns.kill_namespace(node.ns)
     if node.sidecar is not None:
         node.sidecar.kill()  # reaped
-
-
-def new_session(c: Campaign) -> None:
-    """Every sidecar killed, then every one started: no node keeps the failure."""
-    for name in c.hosts:
-        c.watch.kill(name)
-    for name in c.hosts:
-        c.watch.start(name)

@@ -23,6 +23,8 @@ from tests.multihost import clients, history, supervised
 from tests.multihost.history import UP, Usage, Violation
 from tests.multihost.injections import FAULTS, MASTER, Injection, inject
 from tests.multihost.job_rounds import JOB_TIMEOUT_S, JobRound
+from tests.multihost.restart_rounds import RestartRound
+from tests.multihost.restarted import RESTART_KINDS
 from tests.multihost.supervised import JOB_KINDS
 from tests.multihost.watch import POLL_S, Watch
 from tests.support import allreduce
@@ -32,7 +34,8 @@ from tests.support.cluster.procs import Proc
 
 TOKEN = "campaign-test-secret"
 INVARIANTS = ("agreement", "monotonic", "convergence", "liveness", "job", "crash", "resources",
-              "api", "stop", "false_stop", "done")  # fmt: skip
+              "api", "stop", "false_stop", "done", "complete", "overlap", "world",
+              "attempt_agreement")  # fmt: skip
 #: Added to a lost node's bound (liveness, then `run`'s stop) for a loaded machine.
 LOST_SLACK_S = 3.0
 
@@ -56,7 +59,7 @@ class Options:
     liveness_check: bool = True
     cycle: bool = False
     supervised_every: int = 4
-    jobs: tuple[str, ...] = JOB_KINDS
+    jobs: tuple[str, ...] = JOB_KINDS + RESTART_KINDS
     out: Path | None = None
     keep: Path | None = None
 
@@ -89,7 +92,7 @@ class Campaign:
         self.usage: dict[str, list[Usage]] = {}
         self.jobs_run = self.jobs_completed = self.rounds_done = self.fault_rounds = 0
         self.job_rounds: Counter[str] = Counter()
-        self.false_stops = self.cascaded = 0
+        self.false_stops = self.cascaded = self.restart_rounds_completed = 0
         self.stop_latency: dict[str, list[float]] = {}
         self.interval_s = options.keepalive_s or 3.0
         self.down_after_s = 4 * self.interval_s
@@ -126,6 +129,9 @@ class Campaign:
         kind = self.pick(number)
         if kind in JOB_KINDS:
             JobRound(self, number, kind).play()
+            return
+        if kind in RESTART_KINDS:
+            RestartRound(self, number, kind).play()
             return
         self.fault_rounds += 1
         before = len(self.violations)
@@ -313,6 +319,7 @@ class Campaign:
                 "cascaded": self.cascaded,
                 "stop_latency_s": {k: spread(v) for k, v in sorted(self.stop_latency.items())},
                 "bounds_s": {"failure": supervised.STOP_BOUND_S, "lost": self.lost_bound_s},
+                "restarts_completed": self.restart_rounds_completed,
             },
             "resources": {
                 key: {"first": vars(series[0]), "last": vars(series[-1])}

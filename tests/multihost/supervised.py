@@ -51,7 +51,8 @@ TERM_STATUS = 143
 STOP_BOUND_S = 5.0
 
 _FIRST = re.compile(
-    r"^rallypoint: first failure: (?P<host>\S+) \(rank (?P<rank>\d+)\) (?P<what>.*?)"
+    r"^rallypoint: first failure(?: in attempt \d+)?: "
+    r"(?P<host>\S+) \(rank (?P<rank>\d+)\) (?P<what>.*?)"
     r"(?:, (?P<when>[\d.]+) s (?:before|after) this node's stop)?(?:; exit (?P<exit>\d+))?$"
 )
 _KINDS = ("STEP", "FAIL", "ERROR", "SIGTERM", "DONE")

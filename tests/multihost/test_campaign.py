@@ -12,6 +12,7 @@ from pathlib import Path
 from tests.conftest import require
 from tests.multihost.campaign import execute
 from tests.multihost.injections import FAULTS
+from tests.multihost.restarted import RESTART_KINDS
 from tests.multihost.rounds import Options
 from tests.multihost.supervised import JOB_KINDS, STOPPING
 
@@ -61,6 +62,31 @@ def test_every_fault_and_job_kind_on_five_nodes_keeps_every_invariant(
     # Every stopped node's stop was timed, in each kind that stops (the 4 others each).
     stops = jobs["stop_latency_s"]
     assert {kind: stops[kind]["n"] for kind in stops} == dict.fromkeys(STOPPING, 4)
+
+
+def test_every_restart_kind_on_five_nodes_keeps_every_invariant(
+    tmp_path: Path, netns_session: str | None
+) -> None:
+    """`run --restarts` through a crash, a crash during the restart, a node lost and back, a
+    node lost for good and a sidecar restarted mid-attempt, one after another on the same
+    sidecars: every job completes within its budget, attempts never overlap, every node
+    agrees on each attempt's first failure."""
+    options = Options(
+        rounds=len(RESTART_KINDS),
+        seed=43,
+        faults=EVERY_FAULT,
+        cycle=True,
+        job_every=0,
+        supervised_every=1,
+        jobs=RESTART_KINDS,
+        keep=tmp_path / "run",
+    )
+    summary = run(netns_session, options)
+    jobs = summary["supervised"]
+    assert isinstance(jobs, dict)
+    assert jobs["rounds"] == dict.fromkeys(RESTART_KINDS, 1)
+    # All but the node lost for good completed, each on the sidecars of the rounds before.
+    assert jobs["restarts_completed"] == len(RESTART_KINDS) - 1
 
 
 def test_a_killed_relay_is_named_and_its_group_recovers(

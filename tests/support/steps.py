@@ -7,6 +7,7 @@ can time what happened across nodes (they share one clock):
 
     STEP {"rank": 0, "step": 3, "at": ...}       after each step's all-reduce
     FAIL {"rank": 2, "code": 3, "at": ...}       --fail-rank exits --fail-code after --fail-step
+                                                 (or as --fail ATTEMPT:RANK:STEP:CODE says)
     ERROR {"rank": 1, "error": "...", "at": ...} a collective failed (a peer is gone): exit 1
     SIGTERM {"rank": 1, "at": ...}               the stop reached this process (--ignore-term:
                                                  and it goes on, until SIGKILL)
@@ -43,6 +44,15 @@ def stopped(rank: int, ignore: bool) -> None:
         os._exit(128 + signal.SIGTERM)
 
 
+def fail_spec(text: str) -> tuple[int, int, int, int]:
+    """--fail's ATTEMPT:RANK:STEP:CODE."""
+    try:
+        attempt, rank, step, code = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ATTEMPT:RANK:STEP:CODE") from None
+    return attempt, rank, step, code
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1_000_000)
@@ -53,6 +63,15 @@ def main() -> int:
     parser.add_argument("--fail-step", type=int, default=2)
     parser.add_argument("--fail-code", type=int, default=3)
     parser.add_argument("--fail-attempt", type=int, default=None, help="fail only in this attempt")
+    parser.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        type=fail_spec,
+        metavar="ATTEMPT:RANK:STEP:CODE",
+        help="in that attempt, that rank exits CODE after STEP (-1: as it launches, before it "
+        "joins the process group); repeatable",
+    )
     parser.add_argument(
         "--checkpoint", default=None, help="a file per rank ({rank} in it): resume after its step"
     )
@@ -66,6 +85,13 @@ def main() -> int:
         os.environ.get("RALLYPOINT_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     )
     say("LAUNCH", attempt=attempt)
+    fails = [f for f in args.fail if f[0] == attempt]
+    if args.fail_rank is not None and args.fail_attempt in (None, attempt):
+        fails.append((attempt, args.fail_rank, args.fail_step, args.fail_code))
+    for _, fail_rank, fail_step, code in fails:
+        if fail_step == -1 and fail_rank == int(os.environ.get("RANK", "-1")):
+            say("FAIL", rank=fail_rank, code=code)
+            os._exit(code)
 
     # SIGTERM is taken by a thread of its own: a Python handler runs only between bytecodes
     # of the main thread, which may be blocked in a collective whose peer is gone. Blocked
@@ -91,7 +117,7 @@ def main() -> int:
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
         done = int(agreed.item())
     say("START", rank=rank, attempt=attempt, **{"from": done})
-    fails = args.fail_attempt is None or args.fail_attempt == attempt
+    failing = {step: code for _, fail_rank, step, code in fails if fail_rank == rank}
     expected = world * (world + 1) / 2
     tensor = torch.empty(max(1, int(args.mib * 2**20) // 4), dtype=torch.float32)
     for step in range(done + 1, args.steps):
@@ -110,9 +136,9 @@ def main() -> int:
             with open(checkpoint + ".tmp", "w") as saving:
                 saving.write(str(step))
             os.replace(checkpoint + ".tmp", checkpoint)  # a reader never sees half of it
-        if rank == args.fail_rank and step == args.fail_step and fails:
-            say("FAIL", rank=rank, code=args.fail_code)
-            os._exit(args.fail_code)
+        if step in failing:
+            say("FAIL", rank=rank, code=failing[step])
+            os._exit(failing[step])
     if rank == args.linger_rank:
         time.sleep(args.linger_s)  # a checkpoint written after the last collective
     say("DONE", rank=rank, steps=args.steps)
