@@ -53,6 +53,9 @@ def render(summary: dict[str, Any]) -> Iterator[str]:
     for kind, spread in job_rounds["stop_latency_s"].items():
         yield (f"stop latency {kind}: n={spread['n']} p50={spread['p50']}s "
                f"p99={spread['p99']}s max={spread['max']}s")  # fmt: skip
+    for kind, spread in job_rounds["relaunched_s"].items():
+        yield (f"next attempt launched everywhere {kind}: n={spread['n']} p50={spread['p50']}s "
+               f"p99={spread['p99']}s max={spread['max']}s")  # fmt: skip
     for key, usage in summary["resources"].items():
         first, last = usage["first"], usage["last"]
         yield (f"resources {key}: fds {first['fds']} -> {last['fds']}, "

@@ -45,6 +45,8 @@ class RestartRound:
         self.fault = RestartFault(kind, "-", -1, 0)
         self.fault_t = 0.0
         self.argv: list[str] = []
+        #: When the lost node's `run` started again (wall clock).
+        self.back_at: float | None = None
 
     def play(self) -> None:
         c, kind = self.c, self.kind
@@ -139,6 +141,7 @@ class RestartRound:
             c.cluster[target].link_up()
             c.watch.start(target)
             self.runs[target].append(c.cluster[target].spawn(self.argv, label="run-again"))
+            self.back_at = time.time()
         elif kind == "restart_sidecar":
             self.fault_t = time.monotonic()
             c.watch.kill(target)
@@ -160,6 +163,15 @@ class RestartRound:
             if not (kind == "restart_lost_for_good" and name == self.fault.target)
         }
         c.violations.extend(restarted.check(self.fault, logs, views, time.monotonic()))
+        since = self.back_at
+        if kind in ("restart_crash", "restart_crash_twice"):
+            first = logs[self.fault.target].attempt(self.fault.base)
+            since = None if first is None else first.failed_at
+        took = (
+            None if since is None else restarted.relaunched_after(logs, self.fault.base + 1, since)
+        )
+        if took is not None:
+            c.restart_latency.setdefault(kind, []).append(took)
         if any(log.status != 0 for log in logs.values()) and kind != "restart_lost_for_good":
             return
         c.restart_rounds_completed += kind != "restart_lost_for_good"

@@ -83,6 +83,8 @@ class Attempt:
     steps: int = 0
     done: bool = False
     failed: bool = False
+    #: Its FAIL line's time, when it failed on purpose.
+    failed_at: float | None = None
     stopped: bool = False
 
 
@@ -126,7 +128,8 @@ def parse(node: str, status: int | None, texts: Iterable[str]) -> NodeRun:
                     current.started, current.resumed_from = at, int(fields.get("from", -1))
                 current.steps += kind == "STEP"
                 current.done |= kind == "DONE"
-                current.failed |= kind == "FAIL"
+                if kind == "FAIL":
+                    current.failed, current.failed_at = True, at
                 current.stopped |= kind == "SIGTERM"
             elif (first := _FIRST.match(raw)) is not None:
                 out.firsts.setdefault(int(first["attempt"] or 0), first["who"])
@@ -203,6 +206,13 @@ def check(
                     f"restarting {run.restarting}, with no fault of the job's",
                 )
     return found
+
+
+def relaunched_after(runs: Mapping[str, NodeRun], number: int, since: float) -> float | None:
+    """Seconds from ``since`` until attempt ``number``'s child launched on the last node
+    (None when it did not launch on every node)."""
+    launches = [a.launched for run in runs.values() if (a := run.attempt(number)) is not None]
+    return max(launches) - since if launches and len(launches) == len(runs) else None
 
 
 def _complete(

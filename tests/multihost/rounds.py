@@ -94,6 +94,9 @@ class Campaign:
         self.job_rounds: Counter[str] = Counter()
         self.false_stops = self.cascaded = self.restart_rounds_completed = 0
         self.stop_latency: dict[str, list[float]] = {}
+        #: Restart rounds: from the fault (or the lost node's return) to the next attempt's
+        #: child launched on every node.
+        self.restart_latency: dict[str, list[float]] = {}
         self.interval_s = options.keepalive_s or 3.0
         self.down_after_s = 4 * self.interval_s
         self.liveness_bound_s = self.down_after_s + 2 * self.interval_s + 3.0
@@ -320,6 +323,7 @@ class Campaign:
                 "stop_latency_s": {k: spread(v) for k, v in sorted(self.stop_latency.items())},
                 "bounds_s": {"failure": supervised.STOP_BOUND_S, "lost": self.lost_bound_s},
                 "restarts_completed": self.restart_rounds_completed,
+                "relaunched_s": {k: spread(v) for k, v in sorted(self.restart_latency.items())},
             },
             "resources": {
                 key: {"first": vars(series[0]), "last": vars(series[-1])}

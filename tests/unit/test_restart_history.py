@@ -159,3 +159,15 @@ def test_a_node_back_from_a_loss_reads_as_one_node_over_its_two_runs() -> None:
     again = attempt(1, 25.0, resumed=1)
     run = restarted.parse("sub2", 0, ["\n".join(old), "\n".join(again)])
     assert [(a.number, a.done) for a in run.attempts] == [(0, False), (1, True)]
+
+
+def test_the_next_attempt_is_timed_to_its_launch_on_the_last_node() -> None:
+    texts = {n: crash_then_done("sub2 (rank 2) exited 3") for n in NODES}
+    texts["sub2"] = [say("FAIL", rank=2, code=3, at=12.5) if "SIGTERM" in x else x
+                     for x in texts["sub2"]]  # fmt: skip
+    texts["sub1"][-4] = say("LAUNCH", attempt=1, at=21.25)  # the last node to launch it
+    runs = parsed(texts)
+    failed_at = runs["sub2"].attempts[0].failed_at
+    assert failed_at == 12.5
+    assert restarted.relaunched_after(runs, 1, failed_at) == 8.75
+    assert restarted.relaunched_after(runs, 2, failed_at) is None  # never launched
