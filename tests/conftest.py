@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
+import time
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -111,17 +113,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         quiet.finish()
 
 
+#: A file to add one JSON line per test to (start, end, worker, test): where the suite's time
+#: goes side by side (docs/testing.md, "Where the time goes").
+TIMELINE = os.environ.get("RALLYPOINT_TEST_TIMELINE")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """Side by side, a ``quiet_machine`` test runs with no busy test beside it
     (tests/support/quiet.py); setup and teardown included."""
-    if item.get_closest_marker("quiet_machine") is not None:
-        with quiet.hold(exclusive=True):
-            return (yield)
-    if _tier(item) in BUSY_TIERS:
-        with quiet.hold(exclusive=False):
-            return (yield)
-    return (yield)
+    began = time.time()
+    try:
+        if item.get_closest_marker("quiet_machine") is not None:
+            with quiet.hold(exclusive=True):
+                return (yield)
+        if _tier(item) in BUSY_TIERS:
+            with quiet.hold(exclusive=False):
+                return (yield)
+        return (yield)
+    finally:
+        if TIMELINE:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            line = {"start": began, "end": time.time(), "worker": worker, "test": item.nodeid}
+            with open(TIMELINE, "a") as timeline:
+                timeline.write(json.dumps(line) + "\n")
 
 
 @pytest.hookimpl(wrapper=True)  # around xdist's hook, which reads the groups off the markers
