@@ -137,12 +137,13 @@ async def test_a_run_killed_mid_attempt_and_started_again_restarts_the_job_every
     would wait on it for ever (a collective on a peer that is gone), are stopped at once
     naming node1, and every node runs the next attempt together."""
     async with ready(3) as c:
-        waits = 'if [ "$RALLYPOINT_ATTEMPT" = 0 ]; then sleep 60; fi; sleep 0.2'
+        # exec: the child is the sleep itself, which dies with its run (no orphan).
+        waits = 'if [ "$RALLYPOINT_ATTEMPT" = 0 ]; then exec sleep 60; fi; exec sleep 0.2'
         procs = await run_everywhere(c, dict.fromkeys(range(3), waits), "--restarts", "1")
         for rank in range(3):
             await until(lambda r=rank: c.nodes[r].node.job_status()["own"]["state"] == "running")  # type: ignore[misc,index]
         procs[1].kill()
-        await procs[1].wait()
+        await procs[1].wait()  # and its pipes: its child (exec'd sleep) died with it
         procs |= await run_everywhere(c, {1: waits}, "--restarts", "1")
         done = await ends(procs)
         assert {r: s for r, (s, _, _) in done.items()} == dict.fromkeys(range(3), 0), done
