@@ -3,8 +3,10 @@
     RALLYPOINT_TEST_TIMELINE=/tmp/timeline.jsonl bash scripts/test.sh
     python3 scripts/timeline.py /tmp/timeline.jsonl
 
-Prints each worker's busy seconds, each tier's seconds, the longest tests, and what ran in
-the last minutes (a long test started late leaves the other workers idle at the end).
+Prints each worker's busy seconds, each tier's seconds, the modules that used the most CPU
+(the worker and the children it reaped: sidecars, frameworks; not containers or Slurm
+steps), the longest tests, and what ran in the last minutes (a long test started late
+leaves the other workers idle at the end).
 """
 
 from __future__ import annotations
@@ -32,6 +34,14 @@ def main(path: str) -> int:
     for worker, busy in sorted(workers.items()):
         print(f"  worker {worker}: busy {busy:.0f} s of {end - begin:.0f}")
     print("by tier: " + ", ".join(f"{t} {s:.0f} s" for t, s in sorted(tiers.items())))
+    if all("cpu_s" in r for r in runs):
+        files: dict[str, float] = defaultdict(float)
+        for r in runs:
+            files[r["test"].split("::")[0]] += r["cpu_s"]
+        total = sum(r["cpu_s"] for r in runs)
+        print(f"CPU seconds the workers and their reaped children used: {total:.0f}; most:")
+        for name, cpu in sorted(files.items(), key=lambda x: -x[1])[:15]:
+            print(f"  {cpu:6.0f} s  {name}")
     print("longest:")
     for r in sorted(runs, key=lambda r: r["start"] - r["end"])[:15]:
         print(f"  {r['end'] - r['start']:6.1f} s  from {r['start'] - begin:5.0f} s  {r['test']}")

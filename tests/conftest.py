@@ -6,6 +6,7 @@ import importlib.util
 import json
 import logging
 import os
+import resource
 import time
 from collections.abc import Generator, Iterator
 
@@ -118,11 +119,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 TIMELINE = os.environ.get("RALLYPOINT_TEST_TIMELINE")
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this worker and of every child it reaped (sidecars, frameworks): a
+    test's share, give or take what runs in containers or Slurm steps."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """Side by side, a ``quiet_machine`` test runs with no busy test beside it
     (tests/support/quiet.py); setup and teardown included."""
-    began = time.time()
+    began, cpu = time.time(), _cpu_s()
     try:
         if item.get_closest_marker("quiet_machine") is not None:
             with quiet.hold(exclusive=True):
@@ -134,7 +145,8 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
     finally:
         if TIMELINE:
             worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-            line = {"start": began, "end": time.time(), "worker": worker, "test": item.nodeid}
+            line = {"start": began, "end": time.time(), "worker": worker, "test": item.nodeid,
+                    "cpu_s": round(_cpu_s() - cpu, 2)}  # fmt: skip
             with open(TIMELINE, "a") as timeline:
                 timeline.write(json.dumps(line) + "\n")
 

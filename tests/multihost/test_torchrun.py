@@ -22,7 +22,10 @@ JOB_S = 300.0  # nine torch imports (three agents, six workers) on two shared co
 NPROC = 2
 
 
-@pytest.mark.parametrize("family", ["ipv4", "ipv6", "dual"])
+# IPv6-only clusters run torchrun with both backends in test_ipv6.py, on the bare address
+# form that needs the most care; names resolving to IPv6 run TensorFlow and JAX there and in
+# their own modules.
+@pytest.mark.parametrize("family", ["ipv4", "dual"])
 @pytest.mark.parametrize("backend", [clients.STATIC, "c10d"])
 def test_torchrun_runs_two_processes_per_node_on_the_served_env(
     make_cluster: MakeCluster, backend: str, family: str
