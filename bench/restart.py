@@ -57,11 +57,13 @@ def launched(proc: Proc, attempt: int) -> float | None:
     return found[0] if found else None
 
 
-def ended(procs: dict[str, Proc]) -> dict[str, int | None]:
+def ended(procs: dict[str, Proc], timeout_s: float = JOB_S) -> dict[str, int | None]:
+    """Every process's status, None for one still running ``timeout_s`` after the call."""
+    deadline = time.monotonic() + timeout_s
     codes: dict[str, int | None] = {}
     for name, proc in procs.items():
         try:
-            codes[name] = proc.wait(JOB_S)
+            codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             codes[name] = None
     return codes
@@ -105,7 +107,7 @@ def one_run(cluster: Cluster, scenario: str, args: Any, run_no: int) -> dict[str
             wait_for(lambda: lines(source, "FAIL"), timeout_s=120.0, what="the crash",
                      describe=cluster.logs)  # fmt: skip
             t0 = lines(source, "FAIL")[0]["at"]
-        codes = ended(procs)
+        codes = ended(procs, args.job_timeout)
     finally:
         for proc in procs.values():
             proc.kill()
@@ -126,6 +128,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--grace", type=float, default=5.0)
     p.add_argument("--back", type=float, default=20.0, help="seconds until the lost node returns")
+    p.add_argument("--job-timeout", type=float, default=JOB_S,
+                   help="seconds a run may take (a hung torchrun: not completed)")  # fmt: skip
     args = p.parse_args()
     if args.quick:
         args.sizes, args.runs = [4], 1
