@@ -2,7 +2,7 @@
 # Runs every test tier on a fresh machine: system set-up (as root), a venv, lint, types, tests.
 # Locally a tier whose prerequisites are missing is skipped with the reason; with CI=true it fails.
 #
-# The tests run side by side on four pytest-xdist workers (--dist loadgroup): the tiers that
+# The tests run side by side on five pytest-xdist workers (--dist loadgroup): the tiers that
 # share one cluster or server on one worker each, and the few tests that measure the machine
 # with no busy test beside them (tests/conftest.py, tests/support/quiet.py; docs/testing.md).
 # RALLYPOINT_TEST_WORKERS=0 runs them one after another; any pytest flag is passed on.
@@ -37,4 +37,4 @@ if [ "$(id -u)" = 0 ] && docker info >/dev/null 2>&1; then
     bash scripts/build-images.sh
 fi
 echo "set-up, lint, types and images took $((SECONDS - started)) s; the tests follow" >&2
-exec python -m pytest -ra -n "${RALLYPOINT_TEST_WORKERS:-4}" --dist loadgroup "$@"
+exec python -m pytest -ra -n "${RALLYPOINT_TEST_WORKERS:-5}" --dist loadgroup "$@"

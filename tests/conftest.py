@@ -79,9 +79,11 @@ def side_by_side_group(item: pytest.Item) -> str | None:
 
 
 #: The order the tests start in, side by side: the in-process tier beside the measuring tests
-#: (which lock out every busy tier), then the longest tiers so that no long serial one is left
-#: to run alone at the end, and the unit tests last to fill the workers' gaps.
-TIER_ORDER = ("inprocess", "slurm", "compose", "multihost", "monitoring", "hardening", "unit")
+#: (which lock out every busy tier), then the tiers that run serially on one worker (Slurm,
+#: compose, monitoring, each hardening module) so that none is left to run alone at the end,
+#: then the namespace scenarios, and the unit tests last to fill the workers' gaps. Started
+#: after the namespace scenarios, two hardening modules ran alone for the last 40 s.
+TIER_ORDER = ("inprocess", "slurm", "compose", "monitoring", "hardening", "multihost", "unit")
 
 
 def _tier_rank(item: pytest.Item) -> int:
