@@ -96,6 +96,21 @@ def test_who_stops(first: JobState | None, rank: int, stops: bool) -> None:
     assert jobs.stops(first, rank) is stops
 
 
+def test_the_attempt_count_only_goes_up_and_a_lower_one_is_no_news() -> None:
+    """A restarted sidecar says -1 (or an older count) until it learns the cluster's back."""
+    book = JobBook(HOSTS)
+    assert book.learn_go(3) and book.go == 3
+    version = book.version
+    assert not book.learn_go(-1) and not book.learn_go(2)
+    assert (book.go, book.version) == (3, version)
+    # A state of an older attempt is kept as that node's news, never as the count.
+    assert book.note(state(1, "exited", code=0, attempt=1))
+    assert book.go == 3
+    assert book.first is None  # and an old attempt's failure does not stop this one
+    assert book.note(state(2, "exited", code=4, attempt=2))
+    assert book.first is None and book.first_of(2) is not None
+
+
 def test_counts_and_the_table_show_failures_first() -> None:
     book = JobBook(HOSTS)
     book.note(state(0, "running"))
