@@ -206,10 +206,10 @@ def main() -> int:
             exchanged = serve_master(port, nnodes, hostname)
         else:
             exchanged = [greet_master(addr, port, rank, hostname)]
-        if os.environ.get("TRAINER_CRASH_HOST") == hostname:
-            if os.environ.get("RALLYPOINT_ATTEMPT", "0") == "0":
-                print(f"{CRASHED_PREFIX}{hostname} with {CRASH_CODE}", flush=True)
-                return CRASH_CODE
+        crash = os.environ.get("TRAINER_CRASH_HOST") == hostname
+        if crash and os.environ.get("RALLYPOINT_ATTEMPT", "0") == "0":
+            print(f"{CRASHED_PREFIX}{hostname} with {CRASH_CODE}", flush=True)
+            return CRASH_CODE
         hold(hostname, exchanged)
     except TrainerError as exc:
         print(f"error: {hostname}: {exc}", file=sys.stderr, flush=True)
