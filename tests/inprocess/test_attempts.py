@@ -156,6 +156,27 @@ async def test_a_run_killed_mid_attempt_and_started_again_restarts_the_job_every
         assert [(f["host"], f["state"]) for f in view["attempts"]] == [("node1", "lost")], view  # type: ignore[union-attr,index]
 
 
+async def test_a_run_that_gave_up_waiting_is_not_counted_as_starting() -> None:
+    """node0's run gives up waiting for node1 (its --timeout). node1's run, started later,
+    must still wait for a node0 that starts: had node0's withdrawn run been counted, node1
+    would have started attempt 0 alone, and node0's next run been taken for one that
+    vanished in it."""
+    async with ready(2) as c:
+        gave_up = await ends(await run_everywhere(c, {0: "exec sleep 0.1"}, "--timeout", "2"))
+        assert gave_up[0][0] == 75, gave_up
+        assert c.nodes[0].node.job_status()["own"]["state"] == "stopped"  # type: ignore[index]
+        procs = await run_everywhere(c, {1: "exec sleep 0.1"})
+        await until(lambda: c.nodes[1].node.job_status()["own"]["state"] == "starting")  # type: ignore[index]
+        await asyncio.sleep(1.0)  # a moment in which node1 must not start alone
+        assert c.nodes[1].node.job_status()["attempt"] == -1
+        assert procs[1].returncode is None
+        procs |= await run_everywhere(c, {0: "exec sleep 0.1"})
+        done = await ends(procs)
+        assert {r: s for r, (s, _, _) in done.items()} == {0: 0, 1: 0}, done
+        assert all(attempts_seen(stdout) == [0] for _, stdout, _ in done.values()), done
+        assert c.nodes[1].node.job_status()["attempts"] == []  # nobody failed
+
+
 @pytest.mark.parametrize(
     "args, env, named",
     [

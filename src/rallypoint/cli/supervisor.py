@@ -37,6 +37,8 @@ POLL_S = 30.0
 REPORT_TIMEOUT_S = 8.0
 #: How long a node whose child failed waits for news of an earlier failure elsewhere.
 SETTLE_S = 0.5
+#: How long a run that gives up waiting to start may take to say so to its sidecar.
+WITHDRAW_TIMEOUT_S = 2.0
 #: The longest it waits while a node it keeps alive with is silent (the sidecar says how long
 #: until that node is named down: 15 s at the default interval); a bound against bad values.
 UNSETTLED_MAX_S = 120.0
@@ -115,6 +117,8 @@ class Supervisor:
                 say=self.say,
             )
             if attempt is None:
+                # Leaving without starting: the sidecar must not count this run as starting.
+                self._report("stopped", timeout_s=WITHDRAW_TIMEOUT_S)
                 if self._terminated is not None:
                     return 128 + self._terminated
                 if last is None:

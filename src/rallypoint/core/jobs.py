@@ -198,7 +198,8 @@ class JobBook:
 
         Every failure is kept (each node's first in each attempt), so a node's later state (a
         lost node's sidecar back, an end after a stop from outside) never hides it. A state
-        of an attempt past ``go`` that is not starting says the cluster started that attempt.
+        of an attempt past ``go`` that is not starting (or stopped: a run that gave up waiting
+        for it) says the cluster started that attempt.
         """
         if not 0 <= job.rank < len(self.hosts) or job.state not in _ORDER:
             return False
@@ -211,7 +212,7 @@ class JobBook:
             self._count_starting(known, -1)
             self._count_starting(job, +1)
             changed = True
-        if job.state not in ("waiting", "starting") and job.attempt > self.go:
+        if job.state not in ("waiting", "starting", "stopped") and job.attempt > self.go:
             self.go = job.attempt
             changed = True
         key = (job.attempt, job.rank)

@@ -26,6 +26,8 @@ from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterSpec
 from rallypoint.wire.jobs import Report
 
+#: of_report's answer for a run that gave up before it was numbered: nothing to take.
+WITHDRAWN = -2
 #: A run's states while its child may be alive in the attempt it was numbered for.
 ACTIVE = ("starting", "running", "terminated")
 #: Why a node whose run vanished is lost (Attempts.vanished).
@@ -69,12 +71,26 @@ class Attempts:
         return self.unnumbered or self.book.state(self.spec.rank)
 
     def of_report(self, report: Report) -> int:
-        """The attempt a report belongs to: -1 for a starting run (numbered later); for any
+        """The attempt a report belongs to: -1 for a starting run (numbered later); for a run
+        that gives up waiting, the attempt it was numbered for (WITHDRAWN: none yet); for any
         other, the attempt `run` was told to start, which must have been started (a report
         that names none belongs to the attempt started last). PeerMessageError otherwise."""
         book = self.book
         if report.state == "starting":
             return -1
+        own = self.own()
+        if (
+            report.state == "stopped"
+            and own.state == "starting"
+            and own.started == round(report.started, 3)
+        ):
+            # The run gives up waiting to start (its --timeout or --rejoin-timeout, a stop
+            # from outside): withdrawn from the attempt it was numbered for, which must not
+            # count it as starting, nor a later run on this node take it for one that vanished.
+            if self.unnumbered is not None:
+                self.unnumbered = None
+                return WITHDRAWN
+            return own.attempt
         if report.attempt is None:
             return max(book.go, 0)
         # A restarted sidecar learns the count back from the others (or, alone, from `run`'s

@@ -28,7 +28,7 @@ from rallypoint.core.jobs import JobBook, JobState
 from rallypoint.core.liveness import Down
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
-from rallypoint.rendezvous.attempts import Attempts
+from rallypoint.rendezvous.attempts import WITHDRAWN, Attempts
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire.jobs import Report
 
@@ -94,6 +94,8 @@ class JobWatch:
         # an older run's and be dropped. Every other stamp is on the master's clock.
         started = round(report.started, 3)
         attempt = self.attempts.of_report(report)
+        if attempt == WITHDRAWN:
+            return  # gave up before it was numbered: nothing was counted
         job = JobState(
             spec.rank,
             spec.host,
