@@ -26,7 +26,8 @@ The invariants, each a violation name of its own:
   attempt done everywhere;
 * ``overlap``: no attempt's child launches on any node before every child of the attempt
   before it ended on every node still up;
-* ``world``: an attempt that launched anywhere launched on every node (world-size ranks);
+* ``world``: an attempt that launched anywhere launched on every node (world-size ranks),
+  or its `run` there was stopped in it (a peer failed as its child launched);
 * ``attempt_agreement``: every node names the same first failure for each attempt, in its
   `run`'s lines and in its sidecar's list of earlier attempts;
 * ``false_stop``: no attempt is stopped or restarted without a fault.
@@ -280,7 +281,13 @@ def _overlap(fault: RestartFault, runs: Mapping[str, NodeRun], violate: Any) -> 
 def _world(fault: RestartFault, runs: Mapping[str, NodeRun], violate: Any) -> None:
     numbers = sorted({a.number for run in runs.values() for a in run.attempts})
     for number in numbers:
-        missing = [name for name, run in runs.items() if run.attempt(number) is None]
+        # A node whose run was stopped in the attempt took part in it: its child may have
+        # been stopped before its first line (a peer failed as it launched).
+        missing = [
+            name
+            for name, run in runs.items()
+            if run.attempt(number) is None and number not in run.firsts
+        ]
         if missing:
             violate(
                 "world",

@@ -95,6 +95,25 @@ def test_an_attempt_on_fewer_nodes_than_the_world_is_a_violation() -> None:
     assert "attempt 1 launched on 2 of 3 nodes" in " ".join(map(str, found))
 
 
+def test_a_node_stopped_in_an_attempt_before_its_child_said_a_word_took_part_in_it() -> None:
+    """A peer failed as attempt 1 launched: one node's child was stopped before its LAUNCH
+    line, and its run said it stopped in attempt 1; then attempt 2 ran everywhere."""
+    crash = crash_then_done("sub2 (rank 2) exited 3")
+    second = "first failure in attempt 1: main1 (rank 0) exited 5"
+    texts = {n: [*crash[:-4], *attempt(1, 20.0, end="SIGTERM"), *attempt(2, 30.0)] for n in NODES}
+    texts["sub1"] = [
+        *crash[:-4],
+        f"rallypoint: stopping the job: {second}",
+        *attempt(2, 30.0),
+    ]
+    fault = crash_fault(kind="restart_crash_twice", budget=3, second="main1")
+    runs = parsed(texts)
+    assert "world" not in kinds(restarted.check(fault, runs, {}, 0.0))
+    texts["sub1"].remove(f"rallypoint: stopping the job: {second}")
+    found = restarted.check(fault, parsed(texts), {}, 0.0)
+    assert "attempt 1 launched on 2 of 3 nodes" in " ".join(map(str, found))
+
+
 def test_nodes_naming_different_first_failures_disagree() -> None:
     texts = {n: crash_then_done("sub2 (rank 2) exited 3") for n in NODES}
     texts["sub1"] = crash_then_done("main1 (rank 0) exited 1")
