@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -175,6 +176,52 @@ async def test_a_run_that_gave_up_waiting_is_not_counted_as_starting() -> None:
         assert {r: s for r, (s, _, _) in done.items()} == {0: 0, 1: 0}, done
         assert all(attempts_seen(stdout) == [0] for _, stdout, _ in done.values()), done
         assert c.nodes[1].node.job_status()["attempts"] == []  # nobody failed
+
+
+def starting(c: Cluster, rank: int, attempt: int) -> bool:
+    own = c.nodes[rank].node.job_status()["own"]
+    return own["state"] == "starting" and own["attempt"] == attempt  # type: ignore[index]
+
+
+async def test_a_master_back_with_a_new_address_is_checked_before_the_next_attempt(
+    tmp_path: Path,
+) -> None:
+    """The master's pod is recreated: its run and sidecar killed, both started again with a
+    new address, which the workers do not resolve to yet. node1's job fails on the loss (as
+    a collective would). The next attempt waits while the new address fails its check; once
+    it passes, it runs everywhere with the new MASTER_ADDR (the env of the new generation,
+    not the one the workers' runs began with)."""
+    new, flag = "198.51.100.99", tmp_path / "peer-gone"
+    fast_ip = {**FAST, "master_addr_mode": "ip"}
+    async with ready_cluster(3, token=TOKEN, per_node={r: dict(fast_ip) for r in range(3)}) as c:
+        script = (
+            'if [ "$RALLYPOINT_ATTEMPT" = 0 ]; then if [ "$RP_NODE" = 1 ]; then '
+            f"while [ ! -e {flag} ]; do sleep 0.05; done; exit 1; fi; exec sleep 60; fi; "
+            'echo "AT $MASTER_ADDR"'
+        )
+        procs = await run_everywhere(c, dict.fromkeys(range(3), script), "--restarts", "1")
+        for rank in range(3):
+            await until(lambda r=rank: c.nodes[r].node.job_status()["own"]["state"] == "running")  # type: ignore[misc,index]
+        procs[0].kill()
+        await procs[0].wait()  # its child (exec'd sleep) died with it
+        await c.stop(0)
+        c.addresses[0] = [new]
+        await c.start(0)
+        procs |= await run_everywhere(c, {0: script}, "--restarts", "1")
+        flag.touch()
+        await until(lambda: all(starting(c, r, 1) for r in (1, 2)))
+        await asyncio.sleep(1.0)  # a moment in which attempt 1 must not start
+        master = c.nodes[0].node
+        assert not master.readiness.ready
+        assert all(c.nodes[r].node.job_status()["start"] is None for r in range(3))
+        assert all(p.returncode is None for p in procs.values())
+        for rank in (1, 2):
+            c.resolvers[rank].set("node0", [new])
+        done = await ends(procs)
+        assert {r: s for r, (s, _, _) in done.items()} == dict.fromkeys(range(3), 0), done
+        for rank, (_, stdout, stderr) in done.items():
+            assert attempts_seen(stdout) == ([1] if rank == 0 else [0, 1]), (stdout, stderr)
+            assert f"AT {new}" in stdout, (stdout, stderr)
 
 
 @pytest.mark.parametrize(

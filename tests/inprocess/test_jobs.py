@@ -271,3 +271,30 @@ async def test_a_node_stamps_its_own_states_as_the_wire_carries_them() -> None:
     await watch.from_peer(alive.Alive("sess", 2, "node2", job=later), upstream=False)
     first = watch.book.first
     assert first is not None and first.rank == 1
+
+
+async def test_the_master_starts_no_attempt_until_the_cluster_is_verified() -> None:
+    """Every node is starting while the cluster checks a new generation (a node came back
+    with a new address; the master is not ready): the attempt starts only once every node
+    passed, and then at once, without waiting for the next report."""
+    spec = ClusterSpec("explicit", ("node0", "node1"), 0, 2, "sess")
+    ready, flipped = [False], asyncio.Event()
+
+    async def changed() -> None:
+        await flipped.wait()
+        flipped.clear()
+
+    watch = JobWatch(spec, Metrics(), boot="b", group_size=0, now=time.time, ready=lambda: ready[0])
+    following = asyncio.create_task(watch.follow(changed))
+    try:
+        await watch.report(Report("starting", 999.0), settle_s=0)
+        peer = JobState(1, "node1", "starting", 998.0, round(time.time(), 3), attempt=0)
+        await watch.from_peer(alive.Alive("sess", 1, "node1", job=peer), upstream=False)
+        assert watch.book.state(0).state == "starting"
+        await asyncio.sleep(0.2)
+        assert watch.book.go == -1 and watch.view()["start"] is None
+        ready[0] = True
+        flipped.set()
+        await until(lambda: watch.view()["start"] == 0, timeout_s=5.0)
+    finally:
+        following.cancel()

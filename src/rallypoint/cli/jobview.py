@@ -3,6 +3,7 @@ attempt: report starting, wait until every node is starting too (docs/run.md).""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 
@@ -17,6 +18,8 @@ RETRY_S = 1.0
 START_POLL_S = 1.0
 #: After this long at the start, `run` says once what it waits for.
 START_SAY_S = 3.0
+#: How long a restart waits for its sidecar's env (it is ready when the attempt starts).
+ENV_WAIT_S = 5.0
 
 
 def wait_start(
@@ -59,6 +62,24 @@ def wait_start(
             said = True
             say(f"rallypoint: waiting for every node to start: {starting(view)}")
     return None
+
+
+def served_env(url: str, attempt: int, say: Callable[[str], None]) -> dict[str, str]:
+    """The env the sidecar serves now, for a restart: a node that came back with new facts
+    started a new generation, checked again before the attempt started ({} if unavailable:
+    the child keeps the last attempt's, and `run` says so)."""
+    try:
+        values = json.loads(client.fetch_env(url, "json", ENV_WAIT_S))
+    except (RallypointError, ValueError) as exc:
+        say(f"rallypoint: warning: attempt {attempt} starts with the last attempt's env: {exc}")
+        return {}
+    if isinstance(values, dict) and all(isinstance(v, str) for v in values.values()):
+        return values
+    say(
+        f"rallypoint: warning: attempt {attempt} starts with the last attempt's env:"
+        " GET /env answered JSON that is not an object of strings"
+    )
+    return {}
 
 
 def number(value: object) -> float | None:

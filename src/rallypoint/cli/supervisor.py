@@ -132,6 +132,8 @@ class Supervisor:
                     f"{self.rejoin_timeout_s:g}s; exit {last.status}"
                 )
                 return last.status
+            if last is not None:
+                self.env.update(jobview.served_env(self.url, attempt, self.say))
             last = self._one_attempt(attempt)
             if not last.restartable or left == 0 or self._terminated is not None:
                 return last.status

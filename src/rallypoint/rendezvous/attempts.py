@@ -5,8 +5,11 @@ the last one the cluster started (``book.go``), but only once this node has hear
 cluster's count since it booted (a worker: one answer from its upstream; the master: a
 keep-alive from every node, or the liveness bound), so that a restarted sidecar never
 numbers a run into an attempt already under way. The master starts an attempt when every
-node is starting for it (JobBook.advance); a run may start its child when the attempt it is
-numbered for is the one the cluster started.
+node is starting for it (JobBook.advance) and the cluster is verified (the master is ready:
+every node passed the checks of the current generation, so a node that came back with a new
+address was checked again like any node); a run may start its child when the attempt it is
+numbered for is the one the cluster started and its own sidecar is ready (the env it then
+reads is the current generation's).
 
 A new run that finds this node's last run still in the attempt the cluster started knows
 that run vanished (SIGKILLed, its container restarted) and its child with it: this node is
@@ -18,6 +21,7 @@ than wait on a peer that is gone.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -38,10 +42,18 @@ class Attempts:
     """This node's side of the attempt count: its run's number and its start."""
 
     def __init__(
-        self, spec: ClusterSpec, book: JobBook, *, coordinated: bool, sync_bound_s: float
+        self,
+        spec: ClusterSpec,
+        book: JobBook,
+        *,
+        coordinated: bool,
+        sync_bound_s: float,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.spec = spec
         self.book = book
+        #: Whether this node is ready (on the master: the cluster passed its checks).
+        self.ready = ready
         #: Whether the nodes carry job states to each other (off: --keepalive 0); without,
         #: each run starts at once.
         self.coordinated = coordinated
@@ -142,7 +154,7 @@ class Attempts:
     def start(self) -> int | None:
         """The attempt this node's run may start its child for now, if any."""
         own = self.book.state(self.spec.rank)
-        if self.unnumbered is not None or own.state != "starting":
+        if self.unnumbered is not None or own.state != "starting" or not self.ready():
             return None
         if not self.coordinated:
             return own.attempt

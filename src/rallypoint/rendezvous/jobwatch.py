@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 
@@ -49,6 +49,7 @@ class JobWatch:
         offset: Callable[[], float] = lambda: 0.0,
         coordinated: bool = True,
         sync_bound_s: float = 15.0,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.spec = spec
         self.book = JobBook(spec.hosts)
@@ -78,8 +79,10 @@ class JobWatch:
         #: The master's counts by state (a worker's table shows at most MAX_JOBS_SHOWN).
         self._counts: dict[str, int] = {}
         self.attempts = Attempts(
-            spec, self.book, coordinated=coordinated, sync_bound_s=sync_bound_s
+            spec, self.book, coordinated=coordinated, sync_bound_s=sync_bound_s, ready=ready
         )
+        #: Readiness changes seen: a local waiter for an attempt's start wakes on each.
+        self._ready_changes = 0
         self._go_pushed = -1
 
     # -- what this node's `run` says ----------------------------------------------------
@@ -158,9 +161,21 @@ class JobWatch:
     async def wait(self, after: int, timeout_s: float) -> None:
         """Return once the book's version is not ``after`` (a restarted sidecar's is lower),
         or after ``timeout_s``."""
+        seen = self._ready_changes
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s), self._changed:
-                await self._changed.wait_for(lambda: self.book.version != after)
+                await self._changed.wait_for(
+                    lambda: self.book.version != after or self._ready_changes != seen
+                )
+
+    async def follow(self, changed: Callable[[], Awaitable[None]]) -> None:
+        """On each readiness change: the master starts an attempt that waited for the
+        cluster's checks, and every local waiter looks again (an attempt may start here)."""
+        while True:
+            await changed()
+            self._ready_changes += 1
+            if not await self._take([]):
+                await self._changed_now()
 
     # -- what the keep-alives carry ----------------------------------------------------
 
@@ -302,7 +317,7 @@ class JobWatch:
                 changed = True
                 if new_failure:
                     self._count_failure(job)
-        if self.spec.is_master and book.advance():
+        if self.spec.is_master and self.attempts.ready() and book.advance():
             changed = True
         if not changed:
             return False

@@ -228,6 +228,7 @@ class Rendezvous(AsyncResource):
             offset=lambda: self.offsets.offset_s,
             coordinated=self.settings.keepalive_s > 0,
             sync_bound_s=liveness.UPSTREAM_DOWN_AFTER * self.settings.keepalive_s,
+            ready=lambda: self.readiness.ready,
         )
         if self.settings.keepalive_s > 0:
             watch = liveness.Watch(spec.hosts, spec.rank, self.settings.keepalive_s)
@@ -291,6 +292,8 @@ class Rendezvous(AsyncResource):
         keeping = None if self.keepalive is None else asyncio.create_task(self.keepalive.run())
         if keeping is not None:
             keeping.add_done_callback(self._keepalive_ended)
+        jobs, changed = self.jobs, self.readiness.changed
+        following = None if jobs is None else asyncio.create_task(jobs.follow(changed))
         try:
             if self.master is not None:
                 await self.master.run(self._own_member())
@@ -306,6 +309,7 @@ class Rendezvous(AsyncResource):
                 )
         finally:
             await cancel_quietly(keeping)
+            await cancel_quietly(following)
 
     def _keepalive_ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or task.exception() is None:

@@ -127,6 +127,10 @@ class Readiness:
             self._waiters -= counted
         return self._ready
 
+    async def changed(self) -> None:
+        """Return at the next change of readiness (or of its reasons)."""
+        await self._changed.wait()
+
     def begin_shutdown(self) -> None:
         """Turn not ready for good (SIGTERM): /readyz answers 503 from now on."""
         self.not_ready(Reason("shutting_down", "the sidecar is shutting down"))
