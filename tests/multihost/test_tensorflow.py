@@ -21,7 +21,6 @@ JOB_S = 300.0  # three TensorFlow imports on two shared cores
     ("layout", "family"),
     [
         pytest.param("workers", "ipv4", id="workers-ipv4"),
-        pytest.param("chief", "ipv4", id="chief-ipv4"),
         pytest.param("workers", "ipv6", id="workers-ipv6"),
         pytest.param("chief", "dual", id="chief-dual"),
     ],
