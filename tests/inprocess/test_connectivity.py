@@ -247,6 +247,46 @@ async def test_a_busy_master_window_is_excused_when_the_job_already_listens() ->
         await c.close()
 
 
+async def test_a_window_busy_with_a_job_that_then_stopped_opens_after_all() -> None:
+    """The master's window found the job's listener on the master port when a new
+    generation began; the job then stopped. A peer that probes the port afterwards must find
+    the window open (on the code before, it was refused until the deadline and beyond)."""
+    c = Steered(2, per_node={rank: dict(FAST) for rank in range(2)})
+    job: asyncio.Server | None = None
+    try:
+        await start_steered(c)
+        await all_ready(c)
+        master_port = c.nodes[0].node.held["master"].port
+        job = await asyncio.start_server(
+            lambda _r, w: w.close(), "0.0.0.0", master_port, reuse_address=True
+        )
+        old = c.nodes[1].node.verification.generation
+        # node1 comes back with new facts; its probes of the master port are held off (a
+        # closed port) until the job has stopped.
+        fresh, held_off, cut = c.route_for(1), [True], closed_port()
+
+        def route(host: str, address: str, port: int) -> tuple[str, int]:
+            if held_off[0] and port == master_port:
+                return "127.0.0.1", cut
+            return fresh(host, address, port)
+
+        await c.stop(1)
+        c.route = route  # type: ignore[method-assign]
+        await c.start(1)
+        windows = c.nodes[0].node.windows
+        assert windows is not None
+        await until(lambda: windows.busy == {"master"})
+        job.close()
+        await job.wait_closed()
+        job = None
+        held_off[0] = False
+        await moved_on(c, old)
+    finally:
+        if job is not None:
+            job.close()
+        await c.close()
+
+
 @pytest.mark.torch
 async def test_tcpstore_binds_the_master_port_after_the_window() -> None:
     """The sequence the job depends on: window open, probed, closed, then a real TCPStore."""

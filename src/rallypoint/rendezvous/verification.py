@@ -26,6 +26,9 @@ from rallypoint.rendezvous.prober import Prober
 from rallypoint.rendezvous.race import cancel_quietly
 from rallypoint.rendezvous.windows import Windows
 
+#: Seconds between tries to open a window the last job's listener kept busy.
+REOPEN_S = 0.5
+
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
 
@@ -138,9 +141,11 @@ class Verification:
             frameworks=ctx.settings.frameworks,
             report=check,
         )
-        if self.windows is not None:
-            await self.windows.open()  # after a ready generation they were closed
+        windows = self.windows
+        if windows is not None:
+            await windows.open()  # after a ready generation they were closed
         follow = asyncio.create_task(check.follow())
+        reopening = None if windows is None else asyncio.create_task(_reopen(windows))
         try:
             env = await self._names.until_passed(doc, check, connections)
             connections.start()
@@ -152,6 +157,7 @@ class Verification:
             ctx.readiness.become_ready(env, doc.generation)
             self._announce(doc)
         finally:
+            await cancel_quietly(reopening)
             await connections.close()
             await cancel_quietly(follow)
 
@@ -191,3 +197,12 @@ class Verification:
                 callback(doc)
             except Exception:
                 log.exception("generation_callback_failed")
+
+
+async def _reopen(windows: Windows) -> None:
+    """While a window is busy with the last job's listener, open it once the job lets the
+    port go: a job stopped while this generation is checked, the peers' probes there are
+    refused until then (and retried)."""
+    while windows.busy:
+        await asyncio.sleep(REOPEN_S)
+        await windows.reopen_busy()

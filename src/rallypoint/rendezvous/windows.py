@@ -27,6 +27,8 @@ class Windows:
     A window that cannot open because something already listens on the port (the job's
     own TCPStore or TF server, after a generation change) is *busy*: peers then see a
     foreign answer there, which the master excuses for that port (ClusterVerdict.excused).
+    Once the job lets the port go (it was stopped), the window opens after all
+    (reopen_busy): until then the peers' probes there are refused and retried.
     """
 
     def __init__(self, held: Mapping[str, HeldPort], listener: probe.ProbeListener) -> None:
@@ -41,20 +43,29 @@ class Windows:
         if self._open:
             return
         self._open = True
-        busy = set()
-        for kind, held in self.held.items():
-            if kind not in WINDOW_KINDS:
-                continue
-            try:
-                sockets = held.listen()
-            except PortError as exc:
+        kinds = [kind for kind in self.held if kind in WINDOW_KINDS]
+        self.busy = frozenset([kind for kind in kinds if not await self._listen(kind)])
+
+    async def reopen_busy(self) -> None:
+        """Open the busy windows whose port is free now (the job that held it ended)."""
+        if self._open and self.busy:
+            self.busy = frozenset([kind for kind in self.busy if not await self._listen(kind)])
+
+    async def _listen(self, kind: str) -> bool:
+        """Open ``kind``'s window; False when the port is busy."""
+        held = self.held[kind]
+        try:
+            sockets = held.listen()
+        except PortError as exc:
+            if self.state[kind] != "busy":
                 log.info("window_busy", extra={"kind": kind, "port": held.port, "error": str(exc)})
-                busy.add(kind)
-                self.state[kind] = "busy"
-                continue
-            await self.listener.serve(sockets)
-            self.state[kind] = "open"
-        self.busy = frozenset(busy)
+            self.state[kind] = "busy"
+            return False
+        if self.state[kind] == "busy":
+            log.info("window_reopened", extra={"kind": kind, "port": held.port})
+        await self.listener.serve(sockets)
+        self.state[kind] = "open"
+        return True
 
     async def close(self) -> None:
         """Close every window (the holds stay); idempotent."""
