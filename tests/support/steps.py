@@ -12,6 +12,8 @@ can time what happened across nodes (they share one clock):
     SIGTERM {"rank": 1, "at": ...}               the stop reached this process (--ignore-term:
                                                  and it goes on, until SIGKILL)
     DONE {"rank": 0, "steps": 5, "at": ...}      every step done (after --linger-s)
+    RAISE {"rank": 2, "step": 4, "at": ...}      --raise RANK:STEP: that rank raises
+                                                 RuntimeError, its cause in torch's error file
     LAUNCH {"attempt": 1, "at": ...}             the process started (before torch's import)
     START {"rank": 0, "attempt": 1, "from": 3, "at": ...}  set up, resuming after step
                                                  ``from`` of --checkpoint (-1: from scratch)
@@ -78,6 +80,14 @@ def main() -> int:
     parser.add_argument("--linger-rank", type=int, default=None, help="this rank writes on")
     parser.add_argument("--linger-s", type=float, default=0.0, help="after its last step")
     parser.add_argument("--ignore-term", action="store_true", help="go on after SIGTERM")
+    parser.add_argument(
+        "--raise",
+        dest="raise_at",
+        default=None,
+        type=lambda text: tuple(int(x) for x in text.split(":")),
+        metavar="RANK:STEP",
+        help="that rank raises RuntimeError after STEP (main runs under torch's @record)",
+    )
     args = parser.parse_args()
     # The attempt: rallypoint run's, else torchrun's own restart count (torchrun overwrites
     # TORCHELASTIC_RESTART_COUNT for its workers; RALLYPOINT_ATTEMPT passes through it).
@@ -139,6 +149,9 @@ def main() -> int:
         if step in failing:
             say("FAIL", rank=rank, code=failing[step])
             os._exit(failing[step])
+        if args.raise_at == (rank, step):
+            say("RAISE", rank=rank, step=step)
+            raise RuntimeError(f"planted failure at step {step}")
     if rank == args.linger_rank:
         time.sleep(args.linger_s)  # a checkpoint written after the last collective
     say("DONE", rank=rank, steps=args.steps)
@@ -147,5 +160,16 @@ def main() -> int:
     os._exit(0)
 
 
+def recorded() -> int:
+    """main under torch's @record: an exception's type and message go to
+    TORCHELASTIC_ERROR_FILE, then it exits 1 without torch's teardown (which may abort)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    try:
+        return int(record(main)())
+    except Exception:
+        os._exit(1)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recorded() if "--raise" in sys.argv else main())

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from rallypoint.cli import childproc, client, jobview
+from rallypoint.cli import childproc, client, errorfile, jobview
 from rallypoint.core import jobs
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobs as wirejobs
@@ -90,6 +90,8 @@ class Supervisor:
         self._ended_at: float | None = None
         #: Signals that came before the child was started.
         self._pending: list[int] = []
+        #: Each attempt's error file, where the child may leave its cause.
+        self._errors = errorfile.ErrorFiles(env)
 
     # -- the whole run ------------------------------------------------------------------
 
@@ -102,6 +104,7 @@ class Supervisor:
         try:
             return self._attempts()
         finally:
+            self._errors.remove()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -157,6 +160,7 @@ class Supervisor:
             **self.env,
             "RALLYPOINT_ATTEMPT": str(attempt),
             "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            **self._errors.for_attempt(attempt, time.time()),
         }
         try:
             self._child = subprocess.Popen(
@@ -241,11 +245,11 @@ class Supervisor:
         scheduler sees do not depend on which came first on this node.
         """
         status = returncode if returncode >= 0 else 128 - returncode
-        at = self._ended_at
+        at, cause = self._ended_at, self._errors.cause() if returncode else ""
         if returncode >= 0:
-            view = self._report("exited", code=returncode, at=at)
+            view = self._report("exited", code=returncode, at=at, detail=cause)
         else:
-            view = self._report("killed", signal=-returncode, at=at)
+            view = self._report("killed", signal=-returncode, at=at, detail=cause)
         self._clear_group()
         if status == 0:
             return Outcome(0, False)
@@ -335,8 +339,9 @@ class Supervisor:
         signal: int | None = None,
         at: float | None = None,
         timeout_s: float = REPORT_TIMEOUT_S,
+        detail: str = "",
     ) -> dict[str, object] | None:
-        report = wirejobs.Report(state, self._started, code, signal, at, self._attempt)
+        report = wirejobs.Report(state, self._started, code, signal, at, self._attempt, detail)
         body = wirejobs.encode_report(report)
         try:
             return client.report_job(self.url, body, timeout_s=timeout_s)
@@ -382,15 +387,7 @@ class Supervisor:
                 return
 
     def _running_body(self) -> bytes:
-        if self._terminated is not None:
-            state = wirejobs.Report(
-                "terminated",
-                self._started,
-                None,
-                self._terminated,
-                self._terminated_at,
-                self._attempt,
-            )
-        else:
-            state = wirejobs.Report("running", self._started, attempt=self._attempt)
-        return wirejobs.encode_report(state)
+        at, signum = self._terminated_at, self._terminated
+        state = "running" if signum is None else "terminated"
+        report = wirejobs.Report(state, self._started, None, signum, at, self._attempt)
+        return wirejobs.encode_report(report)

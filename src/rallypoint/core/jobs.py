@@ -71,7 +71,8 @@ class JobState(msgspec.Struct, frozen=True, omit_defaults=True):
     code: ExitCode | None = None
     #: killed: the signal that ended it; terminated: the signal `run` was sent.
     signal: Signal | None = None
-    #: lost: why (the liveness cause and detail).
+    #: lost: why (the liveness cause and detail); exited, killed: the cause the job's
+    #: error file gave (cli/errorfile.py), if any.
     detail: Annotated[str, at_most(MAX_DETAIL)] = ""
     #: The attempt this state belongs to (starting: the attempt it waits to start).
     attempt: Attempt = 0
@@ -102,10 +103,11 @@ def signal_name(number: int | None) -> str:
 
 def describe(job: JobState) -> str:
     """What happened, in a few words: exited 1, killed by SIGKILL, lost: ..."""
+    why = f": {job.detail}" if job.detail else ""
     if job.state == "exited":
-        return f"exited {job.code}"
+        return f"exited {job.code}{why}"
     if job.state == "killed":
-        return f"killed by {signal_name(job.signal)}"
+        return f"killed by {signal_name(job.signal)}{why}"
     if job.state == "terminated":
         return f"stopped from outside by {signal_name(job.signal)}"
     if job.state == "lost":

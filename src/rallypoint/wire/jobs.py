@@ -14,13 +14,15 @@ import msgspec
 
 from rallypoint.core.jobs import MAX_DETAIL, REPORTED, Attempt, ExitCode, JobState, Signal, Time
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import one_of
+from rallypoint.model import at_most, one_of
 from rallypoint.wire.fields import dump, host_name, load
 
 __all__ = ["MAX_DETAIL"]
 
-#: Largest local report accepted (a few small fields).
-MAX_REPORT_BYTES = 1024
+#: Largest local report accepted (a few small fields and a cause).
+MAX_REPORT_BYTES = 2048
+#: Longest cause a report carries (the child's error file, as one line).
+MAX_CAUSE = 200
 
 
 def cut(job: JobState) -> JobState:
@@ -72,6 +74,8 @@ class Report(msgspec.Struct, frozen=True):
     #: The attempt the job belongs to, as GET /job's "start" gave it (None for starting:
     #: the sidecar numbers it).
     attempt: Attempt | None = None
+    #: Why the job failed, as its error file said (cli/errorfile.py): one line.
+    detail: Annotated[str, at_most(MAX_CAUSE)] = ""
 
 
 def encode_report(report: Report) -> bytes:
