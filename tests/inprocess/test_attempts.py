@@ -224,7 +224,9 @@ async def test_a_master_back_with_a_new_address_is_checked_before_the_next_attem
             assert f"AT {new}" in stdout, (stdout, stderr)
 
 
-async def test_the_cause_a_failed_job_left_in_its_error_file_is_named_on_every_node() -> None:
+async def test_the_cause_a_failed_job_left_in_its_error_file_is_named_on_every_node(
+    tmp_path: Path,
+) -> None:
     """node1's job writes its reason into RALLYPOINT_ERROR_FILE (torch's @record writes
     TORCHELASTIC_ERROR_FILE, the same path) and exits 1: every node names it with the cause."""
     async with ready(2) as c:
@@ -233,11 +235,16 @@ async def test_the_cause_a_failed_job_left_in_its_error_file_is_named_on_every_n
             ' && printf "RuntimeError: planted\\nfailure at step 4\\n" > "$RALLYPOINT_ERROR_FILE";'
             " exit 1; fi; exec sleep 30"
         )
-        done = await ends(await run_everywhere(c, dict.fromkeys(range(2), script)))
+        # node0's container keeps a termination message (Kubernetes shows it in the pod).
+        message = tmp_path / "termination-log"
+        procs = await run_everywhere(c, {0: script}, "--termination-log", str(message))
+        procs |= await run_everywhere(c, {1: script})
+        done = await ends(procs)
         assert {r: s for r, (s, _, _) in done.items()} == {0: 1, 1: 1}, done
         named = "first failure: node1 (rank 1) exited 1: RuntimeError: planted"
         for _, _, stderr in done.values():
             assert named in stderr, stderr
+        assert message.read_text().startswith(named.removeprefix("rallypoint: ")), done[0]
         first = c.nodes[0].node.job_status()["first"]
         assert first["what"] == "exited 1: RuntimeError: planted", first  # type: ignore[index]
 

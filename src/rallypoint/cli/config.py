@@ -27,7 +27,7 @@ _SECONDS = frozenset(
 _NOT_FIELDS = frozenset(
     {"token_file", "url", "fmt", "timeout", "out", "hostfile", "as_json", "seconds", "nodes"}
     | {"command", "local_hosts", "mdns_interfaces", "quiet", "explain", "mesh", "show_all"}
-    | {"grace", "lost_exit_code", "restarts", "rejoin_timeout"}
+    | {"grace", "lost_exit_code", "restarts", "rejoin_timeout", "termination_log"}
 )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from rallypoint.cli import rules
+from rallypoint.cli import rules, termination
 from rallypoint.cli.options import client_options, opt, quiet_option, wait_timeout
 from rallypoint.cli.output import EXIT_USAGE, Command, exit_code
 from rallypoint.cli.setup import base_url, setup
@@ -26,6 +26,8 @@ GRACE_S = 10.0
 #: seconds) and its `run` started: 60 s covers the first two back-offs with room to spare
 #: (docs/run.md "Restarting in place").
 REJOIN_TIMEOUT_S = 60
+#: The lines that name the first failure (the last one is the run's verdict).
+FIRST_LINE = "rallypoint: first failure"
 
 
 @click.command(
@@ -65,6 +67,13 @@ REJOIN_TIMEOUT_S = 60
     rule=rules.Int("S", 0, 86_400, "a whole number of seconds: use 0 or more, e.g. 60"),
     default=REJOIN_TIMEOUT_S,
 )
+@opt(
+    "--termination-log",
+    "When the job failed, write its first failure's line here (Kubernetes shows it in the"
+    " pod's status); default: /dev/termination-log when it exists.",
+    envvar="RALLYPOINT_TERMINATION_LOG",
+    metavar="FILE",
+)
 @quiet_option
 @client_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -77,6 +86,7 @@ def run(
     lost_exit_code: int,
     restarts: int,
     rejoin_timeout: int,
+    termination_log: str | None,
     command: tuple[str, ...],
     **_: Any,
 ) -> None:
@@ -95,15 +105,25 @@ def run(
 
     sys.stdout.flush()
     sys.stderr.flush()
+    firsts: list[str] = []
+
+    def say(text: str) -> None:
+        if text.startswith(FIRST_LINE):
+            firsts.append(text)
+        click.echo(text, err=True)
+
     supervisor = Supervisor(
         command,
         {**os.environ, **values},
         url=base_url(ctx, settings),
         grace_s=grace,
         lost_code=lost_exit_code,
-        say=lambda text: click.echo(text, err=True),
+        say=say,
         restarts=restarts,
         rejoin_timeout_s=float(rejoin_timeout),
         start_timeout_s=timeout or None,
     )
-    raise click.exceptions.Exit(supervisor.run())
+    status = supervisor.run()
+    if status != 0 and firsts:
+        termination.write(termination_log, firsts[-1], say)
+    raise click.exceptions.Exit(status)
