@@ -249,6 +249,30 @@ async def test_the_cause_a_failed_job_left_in_its_error_file_is_named_on_every_n
         assert first["what"] == "exited 1: RuntimeError: planted", first  # type: ignore[index]
 
 
+async def test_a_restarted_master_learns_the_earlier_attempts_from_the_workers() -> None:
+    """Attempt 0 failed on node1, attempt 1 completed; then the master's sidecar restarts.
+    Its list of earlier attempts comes back from the workers' next keep-alives (a master has
+    no upstream to learn it from), so every node shows the same history."""
+    async with ready(3) as c:
+        script = (
+            'if [ "$RALLYPOINT_ATTEMPT" = 0 ]; then [ "$RP_NODE" = 1 ] && exit 3; exec sleep 30; fi'
+        )
+        done = await ends(
+            await run_everywhere(c, dict.fromkeys(range(3), script), "--restarts", "1")
+        )
+        assert {r: s for r, (s, _, _) in done.items()} == dict.fromkeys(range(3), 0), done
+
+        def history(rank: int) -> list[tuple[int, str, str]]:
+            view = c.nodes[rank].node.job_status()
+            return [(f["attempt"], f["host"], f["state"]) for f in view["attempts"]]  # type: ignore[index,union-attr]
+
+        assert history(2) == [(0, "node1", "exited")]
+        await c.stop(0)
+        await c.start(0)
+        await until(lambda: history(0) == [(0, "node1", "exited")])
+        assert c.nodes[0].node.job_status()["attempt"] == 1
+
+
 @pytest.mark.parametrize(
     "args, env, named",
     [

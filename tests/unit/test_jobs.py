@@ -212,3 +212,22 @@ def test_any_report_is_a_report_or_a_clear_error(value: dict[str, object]) -> No
     except PeerMessageError:
         return
     assert report.state in jobs.REPORTED
+
+
+def test_an_earlier_attempts_first_failure_is_recalled_as_history_only() -> None:
+    """A restarted node hears the earlier attempts' first failures from the others: they
+    fill its list, and change no node's state nor the attempt under way."""
+    book = JobBook(HOSTS)
+    book.note(state(2, "running", since=30.0, attempt=2))
+    assert book.go == 2
+    lost = state(0, "lost", since=5.0, detail="its run ended without a report", attempt=1)
+    assert book.recall(lost)
+    assert not book.recall(lost)  # known already
+    assert [(f.attempt, f.host) for f in book.firsts()] == [(1, "main1")]
+    assert book.state(0).state == "waiting" and book.first is None
+    # Never the attempt under way (or a later one): those come as states, and can stop jobs.
+    assert not book.recall(state(1, "exited", since=31.0, code=3, attempt=2))
+    assert not book.recall(state(1, "exited", since=31.0, code=0, attempt=0))  # no failure
+    # An earlier failure of the same attempt takes the first place, as note() would.
+    assert book.recall(state(3, "exited", since=4.0, code=1, attempt=1))
+    assert book.first_of(1) is not None and book.first_of(1).host == "sub3"

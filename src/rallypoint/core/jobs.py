@@ -230,6 +230,23 @@ class JobBook:
             self.version += 1
         return changed
 
+    def recall(self, job: JobState) -> bool:
+        """Take an earlier attempt's first failure as history (a restarted node hears it
+        from the others): it changes no node's state, nor the attempt under way."""
+        if not (0 <= job.rank < len(self.hosts) and job.failed and job.attempt < self.go):
+            return False
+        key = (job.attempt, job.rank)
+        if key in self._failures:
+            return False
+        self._failures[key] = job
+        first = self._firsts.get(job.attempt)
+        if first is None or _earlier(job, first):
+            self._firsts[job.attempt] = job
+            for old in sorted(self._firsts)[:-KEPT_ATTEMPTS]:
+                del self._firsts[old]
+        self.version += 1
+        return True
+
     def _count_starting(self, job: JobState | None, by: int) -> None:
         if job is None or job.state != "starting":
             return

@@ -83,6 +83,8 @@ class JobWatch:
         )
         #: Readiness changes seen: a local waiter for an attempt's start wakes on each.
         self._ready_changes = 0
+        #: Send the earlier attempts' first failures upstream (it restarted): once.
+        self.tell_firsts = False
         self._go_pushed = -1
 
     # -- what this node's `run` says ----------------------------------------------------
@@ -198,9 +200,11 @@ class JobWatch:
     async def from_upstream(self, answer: wirealive.AliveAnswer) -> None:
         """The upstream's answer: its first failure, its table when ours was older."""
         if answer.boot != self._upstream_boot:
-            # A restarted upstream knows nothing of what we sent before: send it again.
+            # A restarted upstream knows nothing of what we sent before: send it again,
+            # and the earlier attempts' first failures once.
             self._upstream_boot = answer.boot
             self._sent.clear()
+            self.tell_firsts = True
         self.attempts.upstream_heard = True
         self.attempts.heard_upstream(answer.go, answer.first)
         incoming = [] if answer.first is None else [answer.first]
@@ -221,6 +225,9 @@ class JobWatch:
             incoming.append(alive.first)
         self.attempts.heard.add(alive.rank)
         changed = await self._take(incoming, from_upstream=upstream, go=alive.go)
+        if not upstream and any([self.book.recall(job) for job in alive.firsts]):
+            changed = True
+            await self._changed_now()
         await self._number()
         if changed and not upstream and not self.spec.is_master:
             self.nudge_up()  # a relay passes its group's news on at once
@@ -288,7 +295,7 @@ class JobWatch:
             lost = self.book.lose(down.rank, round(now - down.for_s, 3), detail[:300])
             if lost is not None:
                 if not failed_before:  # counted once per node, as _take counts
-                    self._count_failure(lost)
+                    self._metrics.job_failures.labels(jobs.cause(lost)).inc()
                 log.warning(
                     "job_lost", extra={"rank": down.rank, "host": down.host, "detail": detail}
                 )
@@ -317,7 +324,7 @@ class JobWatch:
             if book.note(job):
                 changed = True
                 if new_failure:
-                    self._count_failure(job)
+                    self._metrics.job_failures.labels(jobs.cause(job)).inc()
         if self.spec.is_master and self.attempts.ready() and book.advance():
             changed = True
         if not changed:
@@ -357,9 +364,6 @@ class JobWatch:
     def _pushes_down(self) -> bool:
         spec = self.spec
         return spec.is_master or bool(fanout.group(spec.rank, self._size, spec.nnodes))
-
-    def _count_failure(self, job: JobState) -> None:
-        self._metrics.job_failures.labels(jobs.cause(job)).inc()
 
     async def _changed_now(self) -> None:
         counts = self.book.counts()

@@ -55,6 +55,8 @@ class Keepalive:
         self.relay = None if spec.is_master else fanout.relay_of(spec.rank, self.size)
         #: The ranks we relay for (empty unless we are a relay).
         self.group = tuple(fanout.group(spec.rank, self.size, spec.nnodes))
+        #: Whether the last keep-alive built carried the earlier attempts' first failures.
+        self._told_firsts = False
         #: The last verdict: every node it named down, and when it was taken (monotonic).
         self._named: dict[int, Down] = {}
         self._named_at = time.monotonic()
@@ -193,6 +195,9 @@ class Keepalive:
         spec = self.ctx.spec
         ages = tuple(self.watch.ages(self.group))
         own, changed, seen = self.jobs.outgoing(self.group)
+        book = self.jobs.book  # earlier attempts' first failures, to an upstream that restarted
+        firsts = [f for f in book.firsts() if f.attempt < book.go] if self.jobs.tell_firsts else []
+        self._told_firsts = bool(firsts)
         alive = wirealive.Alive(
             spec.session,
             spec.rank,
@@ -202,6 +207,7 @@ class Keepalive:
             jobs=changed,
             jobs_seen=seen,
             go=self.jobs.book.go,
+            firsts=tuple(firsts),
         )
         return wirealive.encode_alive(alive), changed
 
@@ -210,12 +216,18 @@ class Keepalive:
         body, changed = self._body()
         if self.relay is not None:
             if await self._send(self.relay, body, self._interval / 2, upstream=True):
-                self.jobs.sent(changed)
+                self._sent(changed)
                 self.watch.track(self.group, upstream=[self.relay])
                 return
             self.watch.track(self.group, upstream=[self.relay, 0])
         if await self._send(0, body, self._interval, upstream=True):
-            self.jobs.sent(changed)
+            self._sent(changed)
+
+    def _sent(self, changed: tuple[JobState, ...]) -> None:
+        """The upstream took a keep-alive: its states, and the first failures it carried."""
+        self.jobs.sent(changed)
+        if self._told_firsts:
+            self.jobs.tell_firsts = False
 
     async def _check_silent(self) -> None:
         """The master's own keep-alive to each rank gone silent: it comes back, or says why."""

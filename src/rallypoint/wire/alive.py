@@ -15,7 +15,7 @@ from typing import Annotated
 
 import msgspec
 
-from rallypoint.core.jobs import STATES, Go, JobState
+from rallypoint.core.jobs import KEPT_ATTEMPTS, STATES, Go, JobState
 from rallypoint.core.liveness import MAX_AGE_S, MAX_DETAIL, Age, Down
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import TOKEN_CHARS, Nodes, Rank, Session, at_most, one_of, text, within
@@ -56,6 +56,8 @@ class Alive(msgspec.Struct, frozen=True):
     jobs_seen: Annotated[int, within(-1, 2**53)] = -1
     #: The attempt the sender knows the cluster started last (-1: none).
     go: Go = -1
+    #: Earlier attempts' first failures, for an upstream that restarted and lost them.
+    firsts: Annotated[tuple[JobState, ...], at_most(KEPT_ATTEMPTS)] = ()
 
 
 class AliveAnswer(msgspec.Struct, frozen=True):
@@ -87,6 +89,7 @@ def encode_alive(alive: Alive) -> bytes:
             job=_cut(alive.job),
             jobs=wirejobs.cut_all(alive.jobs),
             first=_cut(alive.first),
+            firsts=wirejobs.cut_all(alive.firsts),
         )
     )
 
@@ -102,6 +105,7 @@ def parse_alive(body: bytes) -> Alive:
         job=wirejobs.checked_optional(alive.job, "keep-alive: job"),
         jobs=wirejobs.checked_all(alive.jobs, "keep-alive: jobs"),
         first=wirejobs.checked_optional(alive.first, "keep-alive: first"),
+        firsts=wirejobs.checked_all(alive.firsts, "keep-alive: firsts"),
     )
 
 
