@@ -23,7 +23,7 @@ from tests.support.cluster.procs import Proc
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
-HOSTS = ("main1", "sub1", "sub2", "sub3")
+HOSTS = ("main1", "sub1", "sub2")
 READY_S = 60.0
 #: torch's import and gloo's set-up on a loaded two-core machine, then the steps.
 END_S = 240.0

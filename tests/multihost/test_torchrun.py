@@ -22,7 +22,7 @@ JOB_S = 300.0  # nine torch imports (three agents, six workers) on two shared co
 NPROC = 2
 
 
-# IPv6-only clusters run torchrun with both backends in test_ipv6.py, on the bare address
+# IPv6-only clusters run torchrun (static) in test_ipv6.py, on the bare address
 # form that needs the most care; names resolving to IPv6 run TensorFlow and JAX there and in
 # their own modules.
 # Each backend once and each family once: c10d's store on names that resolve to both
