@@ -183,6 +183,17 @@ def fetch_env(
     raise _unexpected(base_url, path, answer)
 
 
+def env_values(body: str) -> dict[str, str]:
+    """GET /env?format=json's body as a dict; SidecarError when it is not one of strings."""
+    try:
+        values = json.loads(body)
+    except ValueError as exc:
+        raise SidecarError(f"GET /env answered JSON that does not parse: {exc}") from exc
+    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+        raise SidecarError("GET /env answered JSON that is not an object of strings")
+    return values
+
+
 def fetch_hostfile(base_url: str, wait_s: float = 0.0, *, timeout_s: float = _MARGIN_S) -> str:
     """The hostfile from GET /hostfile; NotReady when not ready after wait_s.
 

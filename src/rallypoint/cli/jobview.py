@@ -3,7 +3,6 @@ attempt: report starting, wait until every node is starting too (docs/run.md).""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 
@@ -69,17 +68,10 @@ def served_env(url: str, attempt: int, say: Callable[[str], None]) -> dict[str, 
     started a new generation, checked again before the attempt started ({} if unavailable:
     the child keeps the last attempt's, and `run` says so)."""
     try:
-        values = json.loads(client.fetch_env(url, "json", ENV_WAIT_S))
-    except (RallypointError, ValueError) as exc:
+        return client.env_values(client.fetch_env(url, "json", ENV_WAIT_S))
+    except RallypointError as exc:
         say(f"rallypoint: warning: attempt {attempt} starts with the last attempt's env: {exc}")
         return {}
-    if isinstance(values, dict) and all(isinstance(v, str) for v in values.values()):
-        return values
-    say(
-        f"rallypoint: warning: attempt {attempt} starts with the last attempt's env:"
-        " GET /env answered JSON that is not an object of strings"
-    )
-    return {}
 
 
 def number(value: object) -> float | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -21,7 +20,7 @@ from rallypoint.cli.options import (
 )
 from rallypoint.cli.output import Command, Unwritable, check_writable, emit, write_atomic_all
 from rallypoint.cli.setup import base_url, setup
-from rallypoint.errors import ConfigError, RallypointError, SidecarError
+from rallypoint.errors import ConfigError, RallypointError
 from rallypoint.settings import Settings
 
 if TYPE_CHECKING:
@@ -120,14 +119,9 @@ def _wait(ctx: click.Context, settings: Settings, fmt: str, timeout: float) -> s
 
 def served_env(ctx: click.Context, settings: Settings, timeout: float) -> dict[str, str]:
     """Wait until ready, then the env as a dict (what exec and run merge into the child's)."""
-    body = _wait(ctx, settings, "json", timeout)
-    try:
-        values = json.loads(body)
-    except ValueError as exc:
-        raise SidecarError(f"GET /env answered JSON that does not parse: {exc}") from exc
-    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
-        raise SidecarError("GET /env answered JSON that is not an object of strings")
-    return values
+    from rallypoint.cli import client
+
+    return client.env_values(_wait(ctx, settings, "json", timeout))
 
 
 def _progress(settings: Settings, url: str) -> Progress:
