@@ -217,15 +217,8 @@ class JobBook:
         if job.state not in ("waiting", "starting", "stopped") and job.attempt > self.go:
             self.go = job.attempt
             changed = True
-        key = (job.attempt, job.rank)
-        if job.failed and key not in self._failures:
-            self._failures[key] = job
+        if job.failed and self._keep_failure(job):
             changed = True
-            first = self._firsts.get(job.attempt)
-            if first is None or _earlier(job, first):
-                self._firsts[job.attempt] = job
-                for old in sorted(self._firsts)[:-KEPT_ATTEMPTS]:
-                    del self._firsts[old]
         if changed:
             self.version += 1
         return changed
@@ -235,6 +228,14 @@ class JobBook:
         from the others): it changes no node's state, nor the attempt under way."""
         if not (0 <= job.rank < len(self.hosts) and job.failed and job.attempt < self.go):
             return False
+        if not self._keep_failure(job):
+            return False
+        self.version += 1
+        return True
+
+    def _keep_failure(self, job: JobState) -> bool:
+        """Keep ``job``, a failure, as its node's in its attempt, and as that attempt's
+        first when it is the earliest; whether it was new."""
         key = (job.attempt, job.rank)
         if key in self._failures:
             return False
@@ -244,7 +245,6 @@ class JobBook:
             self._firsts[job.attempt] = job
             for old in sorted(self._firsts)[:-KEPT_ATTEMPTS]:
                 del self._firsts[old]
-        self.version += 1
         return True
 
     def _count_starting(self, job: JobState | None, by: int) -> None:
