@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rallypoint.cli import errorfile
-from rallypoint.cli.errorfile import MAX_CAUSE, ErrorFiles, parse_cause, read_cause
+from rallypoint.cli.errorfile import ErrorFiles, parse_cause, read_cause
+from rallypoint.wire.jobs import MAX_CAUSE
 
 
 def torch_file(message: object, **extra: object) -> bytes:

@@ -21,13 +21,13 @@ import stat
 import tempfile
 from collections.abc import Mapping
 
+from rallypoint.wire.jobs import MAX_CAUSE
+
 #: The env names the child gets; torch's is left alone when the user set it.
 RALLYPOINT_ERROR_FILE = "RALLYPOINT_ERROR_FILE"
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 #: Bytes read at most: torch's JSON holds a whole traceback after the message.
 MAX_READ = 64 * 1024
-#: Longest cause carried, in characters (the line every node prints).
-MAX_CAUSE = 200
 
 
 class ErrorFiles:
