@@ -49,7 +49,8 @@ def write_config(
 
 #: slurm.conf of the test cluster. Everything lives in the work directory; SlurmUser is
 #: root so that nothing needs the slurm account's permissions on it. A node that stops
-#: answering is DOWN after SlurmdTimeout (plus up to a third of it between pings), and its
+#: answering is DOWN after SlurmdTimeout (less up to a third of it between pings: 40-60 s,
+#: well after `run` has exited 75 on the others, as with Slurm's default of 300 s), and its
 #: batch jobs are requeued (JobRequeue=1; the guide's script also says --requeue); a batch
 #: script that exits 75, `rallypoint run`'s status for a lost node, is requeued too.
 SLURM_CONF = """\
@@ -78,7 +79,7 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 ReturnToService=2
 SlurmctldTimeout=30
-SlurmdTimeout=30
+SlurmdTimeout=60
 JobRequeue=1
 RequeueExit=75
 InactiveLimit=0

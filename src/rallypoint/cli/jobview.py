@@ -28,16 +28,25 @@ def wait_start(
     *,
     stopped: Callable[[], bool],
     say: Callable[[str], None],
+    rejoin_s: float | None = None,
 ) -> int | None:
     """Report starting, and wait until the sidecar says which attempt to start (None: not
-    within ``bound_s``, or ``stopped()`` from outside meanwhile)."""
+    within ``bound_s``, or ``stopped()`` from outside meanwhile).
+
+    With ``rejoin_s`` (a restart), once every node but the lost ones is starting, the wait
+    is for those to come back: it ends after ``rejoin_s`` more, not at ``bound_s``.
+    """
     body = wirejobs.encode_report(wirejobs.Report("starting", started))
     began = time.monotonic()
     view: dict[str, object] | None = None
     gone = said = False
+    only_lost: float | None = None  # since when every node not lost is starting
     while not stopped():
-        waited = time.monotonic() - began
+        now = time.monotonic()
+        waited = now - began
         if bound_s is not None and waited > bound_s:
+            return None
+        if rejoin_s is not None and only_lost is not None and now - only_lost >= rejoin_s:
             return None
         try:
             if view is None:
@@ -57,6 +66,11 @@ def wait_start(
         start = view.get("start")
         if isinstance(start, int) and not isinstance(start, bool):
             return start
+        if not waiting_for_lost(view):
+            only_lost = None
+        elif only_lost is None:
+            only_lost = time.monotonic()
+            continue  # a --rejoin-timeout of 0 gives up now
         if not said and waited >= START_SAY_S:
             said = True
             say(f"rallypoint: waiting for every node to start: {starting(view)}")
@@ -95,6 +109,16 @@ def state(first: Mapping[str, object]) -> jobs.JobState:
 def line(first: Mapping[str, object]) -> str:
     """The first-failure line for a failure as the local API shows it."""
     return jobs.line(state(first), number(first.get("ago_s")))
+
+
+def waiting_for_lost(view: Mapping[str, object]) -> bool:
+    """Whether the nodes not yet starting are all lost: every other one is starting."""
+    counts = view.get("counts")
+    if not isinstance(counts, dict):
+        return False
+    lost, starting = counts.get("lost", 0), counts.get("starting", 0)
+    total = sum(v for v in counts.values() if isinstance(v, int))
+    return isinstance(lost, int) and lost > 0 and lost + starting == total
 
 
 def starting(view: Mapping[str, object]) -> str:

@@ -118,6 +118,7 @@ class Supervisor:
                 bound,
                 stopped=lambda: self._terminated is not None,
                 say=self.say,
+                rejoin_s=None if last is None else self.rejoin_timeout_s,
             )
             if attempt is None:
                 # Leaving without starting: the sidecar must not count this run as starting.
