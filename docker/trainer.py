@@ -185,7 +185,8 @@ def hold(hostname: str, exchanged: list[str]) -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stopped)
-    info = {"host": hostname, "exchanged": len(exchanged), "hold_s": hold_s}
+    attempt = int(os.environ.get("RALLYPOINT_ATTEMPT", "0"))
+    info = {"host": hostname, "exchanged": len(exchanged), "hold_s": hold_s, "attempt": attempt}
     print(TRAINING_PREFIX + json.dumps(info, sort_keys=True), flush=True)
     time.sleep(hold_s)
 

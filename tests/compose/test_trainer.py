@@ -114,7 +114,8 @@ def test_holding_trainer_logs_its_first_exchange_and_its_stop() -> None:
             assert proc.stdout is not None
             line = proc.stdout.readline()  # blocks until the exchange is done
             assert line.startswith("rallypoint-trainer-training "), line
-            assert json.loads(line.partition(" ")[2])["hold_s"] == 120
+            info = json.loads(line.partition(" ")[2])
+            assert (info["hold_s"], info["attempt"]) == (120, 0), info
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         outputs = [proc.communicate(timeout=60) for proc in procs]
