@@ -62,7 +62,8 @@ FIRST_LINE = "rallypoint: first failure"
 )
 @opt(
     "--rejoin-timeout",
-    "Seconds every node waits, after a failed attempt, for all nodes to start the next.",
+    "Seconds the nodes wait, after a failed attempt, for a lost node to come back and start"
+    " the next with them (counted from when every other node is starting).",
     envvar="RALLYPOINT_REJOIN_TIMEOUT",
     rule=rules.Int("S", 0, 86_400, "a whole number of seconds: use 0 or more, e.g. 60"),
     default=REJOIN_TIMEOUT_S,

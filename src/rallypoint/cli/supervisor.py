@@ -15,7 +15,6 @@ is back.
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import subprocess
@@ -24,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from rallypoint.cli import childproc, client, errorfile, jobview
+from rallypoint.cli import childgroup, childproc, client, errorfile, jobview
 from rallypoint.core import jobs
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobs as wirejobs
@@ -83,7 +82,7 @@ class Supervisor:
         #: The attempt the child runs in, and the queue its threads report to: new for each.
         self._attempt = 0
         self._events: queue.Queue[tuple[str, object]] = queue.Queue()
-        self._child: subprocess.Popen[bytes] | None = None
+        self._group: childgroup.ChildGroup | None = None
         self._started = 0.0
         self._terminated: int | None = None
         self._terminated_at: float | None = None
@@ -164,7 +163,7 @@ class Supervisor:
             **self._errors.for_attempt(attempt, time.time()),
         }
         try:
-            self._child = subprocess.Popen(
+            child = subprocess.Popen(
                 self.command, env=env, start_new_session=True, preexec_fn=childproc.die_with_parent
             )
         except FileNotFoundError:
@@ -176,9 +175,10 @@ class Supervisor:
                 " check that it is an executable file"
             )
             return Outcome(126, False)
+        self._group = childgroup.ChildGroup(child)
         pending, self._pending = self._pending, []
         for signum in pending:
-            self._signal_group(signum)
+            self._group.signal(signum)
         events, over = self._events, threading.Event()
         threading.Thread(target=self._reap, name="rallypoint-reap", daemon=True).start()
         threading.Thread(
@@ -205,9 +205,9 @@ class Supervisor:
     # -- the child ----------------------------------------------------------------------
 
     def _reap(self) -> None:
-        child, events = self._child, self._events
-        assert child is not None
-        returncode = child.wait()
+        group, events = self._group, self._events
+        assert group is not None
+        returncode = group.child.wait()
         self._ended_at = time.time()
         events.put(("exit", returncode))
 
@@ -219,23 +219,12 @@ class Supervisor:
             # The others must hear of an outside stop (preempted, evicted, `docker stop`)
             # before their collectives fail on this node's closed connections; waiting to
             # start, no child runs, and the next attempt simply does not start here.
-            if self._child is not None and self._child.poll() is None:
+            if self._group is not None and self._group.child.poll() is None:
                 self._report("terminated", signal=signum, at=self._terminated_at, timeout_s=2.0)
-        if self._child is None:
+        if self._group is None:
             self._pending.append(signum)  # passed on as soon as the child is there
             return
-        self._signal_group(signum)
-
-    def _signal_group(self, signum: int) -> bool:
-        """Send ``signum`` to the job's process group; whether anything of it was left."""
-        assert self._child is not None
-        try:
-            os.killpg(self._child.pid, signum)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True  # a member changed its credentials: it is still there
-        return True
+        self._group.signal(signum)
 
     def _ended(self, returncode: int) -> Outcome:
         """The child ended by itself: report it, clear the group, exit with its status.
@@ -251,7 +240,7 @@ class Supervisor:
             view = self._report("exited", code=returncode, at=at, detail=cause)
         else:
             view = self._report("killed", signal=-returncode, at=at, detail=cause)
-        self._clear_group()
+        self._clear()
         if status == 0:
             return Outcome(0, False)
         if view is None:
@@ -298,37 +287,18 @@ class Supervisor:
         first = view.get("first")
         assert isinstance(first, dict)
         self.say(f"rallypoint: stopping the job: {jobview.line(first)}")
-        self._signal_group(signal.SIGTERM)
-        if not self._wait_child(self.grace_s):
+        assert self._group is not None
+        if self._group.stop(self.grace_s):
             self.say(f"rallypoint: the job did not stop within --grace {self.grace_s:g}s: SIGKILL")
-            self._signal_group(signal.SIGKILL)
-            self._wait_child(None)
         self._report("stopped")
-        self._clear_group()
+        self._clear()
         status = jobs.exit_status(jobview.state(first), self.lost_code)
         self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
         return Outcome(status, first.get("state") != "terminated")
 
-    def _wait_child(self, timeout_s: float | None) -> bool:
-        assert self._child is not None
-        try:
-            self._child.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-
-    def _clear_group(self) -> None:
-        """What is left of the job's group (a data-loader worker, say): SIGTERM, then SIGKILL."""
-        if not self._signal_group(signal.SIGTERM):
-            return
-        deadline = time.monotonic() + min(self.grace_s, 5.0)
-        while time.monotonic() < deadline:
-            childproc.reap_orphans()
-            if not self._signal_group(0):
-                return
-            time.sleep(0.05)
-        self._signal_group(signal.SIGKILL)
-        childproc.reap_orphans()
+    def _clear(self) -> None:
+        assert self._group is not None
+        self._group.clear(self.grace_s)
 
     # -- the sidecar --------------------------------------------------------------------
 
