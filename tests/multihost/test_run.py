@@ -294,7 +294,9 @@ def test_a_lost_node_that_comes_back_restarts_the_job_on_every_node(
     runs = supervise(cluster, *job_args, run_args=run_args)
     victim = cluster["sub2"]
     try:
-        wait_running(cluster, runs, step=2)
+        # Past step 3 everywhere: every rank's checkpoint holds step 2 or later (a rank says
+        # STEP before it saves it).
+        wait_running(cluster, runs, step=3)
         kill_node(victim)
         time.sleep(5.0)
         victim.link_up()
