@@ -15,7 +15,7 @@ __all__ = ["JOB_FAILURE_CAUSES", "Family", "Metrics", "Sample", "content_type"]
 
 #: rallypoint_job_failures_total's causes (jobs.cause), each exposed at 0 from the start:
 #: increase() sees no rise in a series whose first sample is already 1.
-JOB_FAILURE_CAUSES = ("exited", "killed", "terminated", "lost")
+JOB_FAILURE_CAUSES = ("exited", "killed", "terminated", "stalled", "lost")
 
 
 def content_type() -> str:

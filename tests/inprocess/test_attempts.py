@@ -311,3 +311,44 @@ async def test_a_run_that_never_started_its_child_exits_with_the_try_again_statu
     assert proc.returncode == 75, stderr
     assert "the job was not started: exit 75" in stderr.decode()
     assert os.environ.get("RALLYPOINT_ATTEMPT") is None
+
+
+#: A job that marks its progress every 0.2 s, step after step, for ``$1`` steps.
+MARKS = 'i=0; while [ "$i" -lt "$1" ]; do i=$((i+1)); echo "$i step" > "$RALLYPOINT_PROGRESS_FILE"; sleep 0.2; done'  # noqa: E501
+
+
+async def test_a_job_that_stops_making_progress_is_named_stalled_on_every_node() -> None:
+    """node2's job marks 3 steps and then hangs while the others keep marking: with
+    --stall-timeout 2, every node stops, names node2 stalled at step 3, and exits 1."""
+    async with ready(3) as c:
+        hang = f"set -- 3; {MARKS}; exec sleep 60"
+        steady = f"set -- 1000; {MARKS}"
+        procs = await run_everywhere(c, {0: steady, 1: steady, 2: hang}, "--stall-timeout", "2")
+        done = await ends(procs)
+        assert {r: s for r, (s, _, _) in done.items()} == {0: 1, 1: 1, 2: 1}, done
+        named = "first failure: node2 (rank 2) stalled at step 3 (step), no progress for 2 s"
+        for _, _, stderr in done.values():
+            assert named in stderr, stderr
+        assert "rallypoint: stopping the job: this node stalled: at step 3" in done[2][2]
+        first = c.nodes[1].node.job_status()["first"]
+        assert (first["host"], first["state"]) == ("node2", "stalled"), first  # type: ignore[index]
+
+
+async def test_a_job_that_keeps_progressing_or_never_marks_is_never_stalled() -> None:
+    """Marks every 0.2 s under --stall-timeout 1, and a job that never marks (not watched
+    without --stall-timeout-first), both run to their end."""
+    async with ready(2) as c:
+        marks = f"set -- 15; {MARKS}"
+        procs = await run_everywhere(c, {0: marks, 1: "sleep 3"}, "--stall-timeout", "1")
+        done = await ends(procs)
+        assert {r: s for r, (s, _, _) in done.items()} == {0: 0, 1: 0}, done
+
+
+async def test_no_first_progress_within_the_first_bound_is_a_stall() -> None:
+    async with ready(2) as c:
+        late = f"sleep 30; set -- 3; {MARKS}"
+        procs = await run_everywhere(c, {0: late, 1: late}, "--stall-timeout-first", "1")
+        done = await ends(procs)
+        assert {r: s for r, (s, _, _) in done.items()} == {0: 1, 1: 1}, done
+        for _, _, stderr in done.values():
+            assert "stalled before its first progress, 1 s after the start" in stderr, stderr

@@ -17,6 +17,11 @@ can time what happened across nodes (they share one clock):
     LAUNCH {"attempt": 1, "at": ...}             the process started (before torch's import)
     START {"rank": 0, "attempt": 1, "from": 3, "at": ...}  set up, resuming after step
                                                  ``from`` of --checkpoint (-1: from scratch)
+    STALL {"rank": 2, "step": 3, "at": ...}      --stall RANK:STEP: that rank hangs in its data
+                                                 phase of STEP (a loader that stopped answering)
+
+With --progress each step marks RALLYPOINT_PROGRESS_FILE twice, as docs/run.md advises:
+"STEP data" once its batch is loaded, "STEP collective" just before the all-reduce.
 
 Run as a script; it needs only the standard library and torch.
 """
@@ -88,7 +93,22 @@ def main() -> int:
         metavar="RANK:STEP",
         help="that rank raises RuntimeError after STEP (main runs under torch's @record)",
     )
+    parser.add_argument("--progress", action="store_true", help="mark RALLYPOINT_PROGRESS_FILE")
+    parser.add_argument(
+        "--stall",
+        default=None,
+        type=lambda text: tuple(int(x) for x in text.split(":")),
+        metavar="RANK:STEP",
+        help="that rank hangs in the data phase of STEP",
+    )
     args = parser.parse_args()
+    progress = os.environ.get("RALLYPOINT_PROGRESS_FILE") if args.progress else None
+
+    def mark(step: int, phase: str) -> None:
+        if progress:
+            with open(progress, "w") as marking:
+                marking.write(f"{step} {phase}\n")
+
     # The attempt: rallypoint run's, else torchrun's own restart count (torchrun overwrites
     # TORCHELASTIC_RESTART_COUNT for its workers; RALLYPOINT_ATTEMPT passes through it).
     attempt = int(
@@ -131,8 +151,13 @@ def main() -> int:
     expected = world * (world + 1) / 2
     tensor = torch.empty(max(1, int(args.mib * 2**20) // 4), dtype=torch.float32)
     for step in range(done + 1, args.steps):
+        if args.stall == (rank, step):
+            say("STALL", rank=rank, step=step)
+            time.sleep(args.timeout)  # the batch never comes
+        mark(step, "data")
         time.sleep(args.compute_s)
         tensor.fill_(float(rank + 1))
+        mark(step, "collective")
         try:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         except RuntimeError as exc:

@@ -150,7 +150,7 @@ def test_states_and_reports_round_trip() -> None:
     [
         (
             {"state": "lost", "started": 1},
-            r"Expected one of starting, running, terminated, stopped, exited, killed - at "
+            r"Expected one of starting, running, terminated, stopped, exited, killed, stalled - at "
             r"`\$\.state`",
         ),
         ({"state": "exited", "started": 1}, "an exited job needs its code"),

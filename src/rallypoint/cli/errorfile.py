@@ -28,6 +28,8 @@ RALLYPOINT_ERROR_FILE = "RALLYPOINT_ERROR_FILE"
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 #: Bytes read at most: torch's JSON holds a whole traceback after the message.
 MAX_READ = 64 * 1024
+#: A tmpfs on Linux (Docker gives every container one of 64 MiB).
+SHM = "/dev/shm"
 
 
 class ErrorFiles:
@@ -47,10 +49,14 @@ class ErrorFiles:
         if self.users is not None:
             self.path = self.users
             return {RALLYPOINT_ERROR_FILE: self.users}
-        if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="rallypoint-run-")
-        self.path = os.path.join(self._dir, f"error-attempt-{attempt}.json")
+        self.path = self.file(f"error-attempt-{attempt}.json")
         return {RALLYPOINT_ERROR_FILE: self.path, TORCHELASTIC_ERROR_FILE: self.path}
+
+    def file(self, name: str) -> str:
+        """A path in the run's own directory (made on first use; gone with remove())."""
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="rallypoint-run-", dir=scratch_dir())
+        return os.path.join(self._dir, name)
 
     def cause(self) -> str:
         """The cause the attempt's child left, as one line ("" when none)."""
@@ -61,6 +67,12 @@ class ErrorFiles:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+def scratch_dir() -> str | None:
+    """Where a run keeps its files: /dev/shm when it can (memory: a progress mark each step
+    costs no disk work), else the temporary directory (None)."""
+    return SHM if os.path.isdir(SHM) and os.access(SHM, os.W_OK | os.X_OK) else None
 
 
 def read_cause(path: str, since: float = 0.0) -> str:

@@ -3,6 +3,7 @@ attempt: report starting, wait until every node is starting too (docs/run.md).""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 
@@ -19,6 +20,11 @@ START_POLL_S = 1.0
 START_SAY_S = 3.0
 #: How long a restart waits for its sidecar's env (it is ready when the attempt starts).
 ENV_WAIT_S = 5.0
+#: How long a node whose child failed waits for news of an earlier failure elsewhere.
+SETTLE_S = 0.5
+#: The longest it waits while a node it keeps alive with is silent (the sidecar says how long
+#: until that node is named down: 15 s at the default interval); a bound against bad values.
+UNSETTLED_MAX_S = 120.0
 
 
 def wait_start(
@@ -86,6 +92,43 @@ def served_env(url: str, attempt: int, say: Callable[[str], None]) -> dict[str, 
     except RallypointError as exc:
         say(f"rallypoint: warning: attempt {attempt} starts with the last attempt's env: {exc}")
         return {}
+
+
+def settled(url: str, view: dict[str, object]) -> dict[str, object]:
+    """The view once an earlier failure elsewhere would be known.
+
+    News travels within a moment (SETTLE_S), except while a node this sidecar keeps alive
+    with is silent: then it may be the one that failed first (cut off, it cannot tell), so
+    `run` waits until it is heard again or named lost (``unsettled_s``).
+    """
+    version, counts = number(view.get("version")), view.get("counts")
+    alone = not isinstance(counts, dict) or sum(counts.values()) <= 1
+    if version is None or alone:
+        return view  # no other node to hear from
+    unsettled = min(number(view.get("unsettled_s")) or 0.0, UNSETTLED_MAX_S)
+    deadline = time.monotonic() + max(SETTLE_S, unsettled)
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            later = client.job(url, int(version), left)
+        except RallypointError:
+            return view
+        if later.get("stop") is True:
+            return later
+        if number(later.get("version")) == version:
+            return later  # nothing new within the wait
+        view, version = later, number(later.get("version"))
+        if version is None:
+            return view
+    return view
+
+
+def latest_first(url: str, view: dict[str, object]) -> dict[str, object] | None:
+    """The attempt's first failure as the sidecar knows it now (an earlier one may have come
+    in while this node stopped its job); ``view``'s when the sidecar does not answer."""
+    with contextlib.suppress(RallypointError):
+        view = client.job(url)
+    first = view.get("first")
+    return first if isinstance(first, dict) else None
 
 
 def number(value: object) -> float | None:

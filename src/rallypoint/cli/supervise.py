@@ -69,6 +69,20 @@ FIRST_LINE = "rallypoint: first failure"
     default=REJOIN_TIMEOUT_S,
 )
 @opt(
+    "--stall-timeout",
+    "Seconds without progress (the job marks it in RALLYPOINT_PROGRESS_FILE) after which the"
+    " job has stalled here: a failure that stops it on every node. Default: off.",
+    envvar="RALLYPOINT_STALL_TIMEOUT",
+    rule=rules.Seconds(),
+)
+@opt(
+    "--stall-timeout-first",
+    "Seconds from the start until the job's first progress (model load, compile) before it"
+    " has stalled; set, a job that never marks progress stalls too. Default: off.",
+    envvar="RALLYPOINT_STALL_TIMEOUT_FIRST",
+    rule=rules.Seconds(),
+)
+@opt(
     "--termination-log",
     "When the job failed, write its first failure's line here (Kubernetes shows it in the"
     " pod's status); default: /dev/termination-log when it exists.",
@@ -87,6 +101,8 @@ def run(
     lost_exit_code: int,
     restarts: int,
     rejoin_timeout: int,
+    stall_timeout: float | None,
+    stall_timeout_first: float | None,
     termination_log: str | None,
     command: tuple[str, ...],
     **_: Any,
@@ -123,6 +139,8 @@ def run(
         restarts=restarts,
         rejoin_timeout_s=float(rejoin_timeout),
         start_timeout_s=timeout or None,
+        stall_s=stall_timeout,
+        stall_first_s=stall_timeout_first,
     )
     status = supervisor.run()
     if status != 0 and firsts:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from rallypoint.cli import childgroup, childproc, client, errorfile, jobview
+from rallypoint.cli import childgroup, childproc, client, errorfile, jobview, progressfile
 from rallypoint.core import jobs
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobs as wirejobs
@@ -34,13 +34,8 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
 POLL_S = 30.0
 #: Longest wait for the sidecar's answer to a report (it waits for the report to go on).
 REPORT_TIMEOUT_S = 8.0
-#: How long a node whose child failed waits for news of an earlier failure elsewhere.
-SETTLE_S = 0.5
 #: How long a run that gives up waiting to start may take to say so to its sidecar.
 WITHDRAW_TIMEOUT_S = 2.0
-#: The longest it waits while a node it keeps alive with is silent (the sidecar says how long
-#: until that node is named down: 15 s at the default interval); a bound against bad values.
-UNSETTLED_MAX_S = 120.0
 #: Beyond --grace and --rejoin-timeout, how long the next attempt's start may take after a
 #: failed one: each node's stop reported and the count pushed, a few round trips.
 START_MARGIN_S = 5.0
@@ -69,6 +64,8 @@ class Supervisor:
         restarts: int = 0,
         rejoin_timeout_s: float = 60.0,
         start_timeout_s: float | None = None,
+        stall_s: float | None = None,
+        stall_first_s: float | None = None,
     ) -> None:
         self.command = list(command)
         self.env = dict(env)
@@ -79,6 +76,9 @@ class Supervisor:
         self.restarts = restarts
         self.rejoin_timeout_s = rejoin_timeout_s
         self.start_timeout_s = start_timeout_s
+        #: --stall-timeout and --stall-timeout-first (None: off).
+        self.stall_s = stall_s
+        self.stall_first_s = stall_first_s
         #: The attempt the child runs in, and the queue its threads report to: new for each.
         self._attempt = 0
         self._events: queue.Queue[tuple[str, object]] = queue.Queue()
@@ -91,6 +91,8 @@ class Supervisor:
         self._pending: list[int] = []
         #: Each attempt's error file, where the child may leave its cause.
         self._errors = errorfile.ErrorFiles(env)
+        #: The attempt's progress file, against the stall bounds.
+        self._progress: progressfile.Watch | None = None
 
     # -- the whole run ------------------------------------------------------------------
 
@@ -156,11 +158,20 @@ class Supervisor:
         self._attempt = attempt
         self._events = queue.Queue()
         self._ended_at = None
+        began = time.time()
+        progress = self._progress = progressfile.Watch(
+            self._errors.file(f"progress-attempt-{attempt}"),
+            began,
+            every_s=self.stall_s,
+            first_s=self.stall_first_s,
+            say=self.say,
+        )
         env = {
             **self.env,
             "RALLYPOINT_ATTEMPT": str(attempt),
             "TORCHELASTIC_RESTART_COUNT": str(attempt),
-            **self._errors.for_attempt(attempt, time.time()),
+            progressfile.RALLYPOINT_PROGRESS_FILE: progress.path,
+            **self._errors.for_attempt(attempt, began),
         }
         try:
             child = subprocess.Popen(
@@ -184,6 +195,13 @@ class Supervisor:
         threading.Thread(
             target=self._watch, args=(events, over), name="rallypoint-watch", daemon=True
         ).start()
+        if progress.watching:
+            threading.Thread(
+                target=progress.follow,
+                args=(lambda stall: events.put(("stall", stall)), over),
+                name="rallypoint-progress",
+                daemon=True,
+            ).start()
         try:
             return self._supervise()
         finally:
@@ -201,6 +219,9 @@ class Supervisor:
             if kind == "stop":
                 assert isinstance(value, dict)
                 return self._stop(value)
+            if kind == "stall":
+                assert isinstance(value, progressfile.Stall)
+                return self._stalled(value)
 
     # -- the child ----------------------------------------------------------------------
 
@@ -246,7 +267,7 @@ class Supervisor:
         if view is None:
             return Outcome(status, False)  # no sidecar: no cluster to restart with
         if view.get("stop") is not True:
-            view = self._settled(view)
+            view = jobview.settled(self.url, view)
         first = view.get("first")
         if not isinstance(first, dict):
             return Outcome(status, True)
@@ -255,43 +276,44 @@ class Supervisor:
         self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
         return Outcome(status, first.get("state") != "terminated")
 
-    def _settled(self, view: dict[str, object]) -> dict[str, object]:
-        """The view once an earlier failure elsewhere would be known.
-
-        News travels within a moment (SETTLE_S), except while a node this sidecar keeps
-        alive with is silent: then it may be the one that failed first (cut off, it cannot
-        tell), so `run` waits until it is heard again or named lost (``unsettled_s``).
-        """
-        version, counts = jobview.number(view.get("version")), view.get("counts")
-        alone = not isinstance(counts, dict) or sum(counts.values()) <= 1
-        if version is None or alone:
-            return view  # no other node to hear from
-        unsettled = min(jobview.number(view.get("unsettled_s")) or 0.0, UNSETTLED_MAX_S)
-        deadline = time.monotonic() + max(SETTLE_S, unsettled)
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                later = client.job(self.url, int(version), left)
-            except RallypointError:
-                return view
-            if later.get("stop") is True:
-                return later
-            if jobview.number(later.get("version")) == version:
-                return later  # nothing new within the wait
-            view, version = later, jobview.number(later.get("version"))
-            if version is None:
-                return view
-        return view
-
     def _stop(self, view: dict[str, object]) -> Outcome:
         """Another node failed first (or this one is lost): stop the job, exit with the status."""
         first = view.get("first")
         assert isinstance(first, dict)
+        own = self._progress.look() if self._progress is not None else None
+        if own is not None and first.get("state") == "stalled":
+            # Stalled here too: the node whose progress stopped first is the one to blame,
+            # and the sidecars keep the earliest failure (this one, if its mark is older).
+            return self._stalled(own)
         self.say(f"rallypoint: stopping the job: {jobview.line(first)}")
         assert self._group is not None
         if self._group.stop(self.grace_s):
             self.say(f"rallypoint: the job did not stop within --grace {self.grace_s:g}s: SIGKILL")
         self._report("stopped")
         self._clear()
+        first = jobview.latest_first(self.url, view) or first
+        status = jobs.exit_status(jobview.state(first), self.lost_code)
+        self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
+        return Outcome(status, first.get("state") != "terminated")
+
+    def _stalled(self, stall: progressfile.Stall) -> Outcome:
+        """This node's job made no progress within its bound: a failure like a crash. Said
+        to the cluster first (the others stop before their collectives time out), then the
+        job is stopped here."""
+        # The stall began with the last progress: the node whose progress stopped first is
+        # the earliest failure, whichever node's bound ran out first.
+        at = stall.last.at if stall.last is not None else stall.began
+        self.say(f"rallypoint: stopping the job: this node stalled: {stall.detail}")
+        view = self._report("stalled", at=at, detail=stall.detail)
+        assert self._group is not None
+        if self._group.stop(self.grace_s):
+            self.say(f"rallypoint: the job did not stop within --grace {self.grace_s:g}s: SIGKILL")
+        self._clear()
+        if view is None:
+            return Outcome(jobs.STALLED_EXIT_CODE, False)  # no sidecar: no cluster to restart
+        first = jobview.latest_first(self.url, view)
+        if first is None:
+            return Outcome(jobs.STALLED_EXIT_CODE, True)
         status = jobs.exit_status(jobview.state(first), self.lost_code)
         self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
         return Outcome(status, first.get("state") != "terminated")

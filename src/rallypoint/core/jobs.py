@@ -30,10 +30,13 @@ import msgspec
 from rallypoint.model import Rank, at_most, one_of, within
 
 #: Every state a node's job can be in; the order is the order they may follow each other.
-STATES = ("waiting", "starting", "running", "terminated", "stopped", "exited", "killed", "lost")
+STATES = (
+    "waiting", "starting", "running", "terminated", "stopped", "exited", "killed", "stalled",
+    "lost",
+)  # fmt: skip
 _ORDER = {state: index for index, state in enumerate(STATES)}
 #: What `rallypoint run` reports to its own sidecar (lost is only ever named by the others).
-REPORTED = ("starting", "running", "terminated", "stopped", "exited", "killed")
+REPORTED = ("starting", "running", "terminated", "stopped", "exited", "killed", "stalled")
 #: Attempts are numbered from 0; -1 stands for "none started yet".
 MAX_ATTEMPT = 2**31 - 1
 Attempt = Annotated[int, within(0, MAX_ATTEMPT)]
@@ -48,9 +51,11 @@ Time = Annotated[float, within(0.0, MAX_TIME)]
 ExitCode = Annotated[int, within(0, 255)]
 Signal = Annotated[int, within(1, 127)]
 #: The kinds of failure, as the failures metric labels them.
-CAUSES = ("exited", "killed", "terminated", "lost")
+CAUSES = ("exited", "killed", "terminated", "stalled", "lost")
 #: EX_TEMPFAIL (sysexits.h): the default status when a node was lost, the code to requeue on.
 LOST_EXIT_CODE = 75
+#: The status of a stalled job: its own failure, counted like a crash (not requeued in a loop).
+STALLED_EXIT_CODE = 1
 #: The signals that stop a node from outside (a scheduler, a runtime, a person at a terminal).
 STOP_SIGNALS = (signals.SIGTERM, signals.SIGINT, signals.SIGHUP)
 
@@ -72,7 +77,7 @@ class JobState(msgspec.Struct, frozen=True, omit_defaults=True):
     #: killed: the signal that ended it; terminated: the signal `run` was sent.
     signal: Signal | None = None
     #: lost: why (the liveness cause and detail); exited, killed: the cause the job's
-    #: error file gave (cli/errorfile.py), if any.
+    #: error file gave (cli/errorfile.py), if any; stalled: where and for how long.
     detail: Annotated[str, at_most(MAX_DETAIL)] = ""
     #: The attempt this state belongs to (starting: the attempt it waits to start).
     attempt: Attempt = 0
@@ -82,7 +87,7 @@ class JobState(msgspec.Struct, frozen=True, omit_defaults=True):
         """Whether this state is a failure that stops the job on every other node."""
         if self.state == "exited":
             return self.code != 0
-        return self.state in ("killed", "terminated", "lost")
+        return self.state in ("killed", "terminated", "stalled", "lost")
 
     @property
     def key(self) -> tuple[int, float, int, float]:
@@ -112,6 +117,8 @@ def describe(job: JobState) -> str:
         return f"stopped from outside by {signal_name(job.signal)}"
     if job.state == "lost":
         return f"lost: {job.detail}" if job.detail else "lost"
+    if job.state == "stalled":
+        return f"stalled {job.detail}" if job.detail else "stalled"
     if job.state == "stopped":
         return "stopped by the cluster"
     if job.state == "starting":
@@ -120,7 +127,7 @@ def describe(job: JobState) -> str:
 
 
 def cause(job: JobState) -> str:
-    """The failures metric's label: exited, killed, terminated or lost."""
+    """The failures metric's label: exited, killed, terminated, stalled or lost."""
     return job.state
 
 
@@ -128,13 +135,16 @@ def exit_status(first: JobState, lost_code: int = LOST_EXIT_CODE) -> int:
     """The status a node stopped because of ``first`` exits with.
 
     A job's own failure passes on as the shell would say it (its code, 128+N for signal N),
-    so a deterministic crash is not requeued in a loop; a lost node, or one stopped from
-    outside, gives ``lost_code``: the one a scheduler maps to a requeue.
+    so a deterministic crash is not requeued in a loop; a stall is the job's own failure too
+    (STALLED_EXIT_CODE); a lost node, or one stopped from outside, gives ``lost_code``: the
+    one a scheduler maps to a requeue.
     """
     if first.state == "exited" and first.code is not None:
         return first.code
     if first.state == "killed" and first.signal is not None:
         return 128 + first.signal
+    if first.state == "stalled":
+        return STALLED_EXIT_CODE
     return lost_code
 
 

@@ -109,7 +109,7 @@ class JobWatch:
             round(self._now() if report.at is None else report.at - self._offset(), 3),
             code=report.code,
             signal=report.signal,
-            detail=report.detail if report.state in ("exited", "killed") else "",
+            detail=report.detail if report.state in ("exited", "killed", "stalled") else "",
             attempt=max(attempt, 0),
         )
         self.reported.set()

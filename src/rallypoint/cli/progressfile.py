@@ -1,0 +1,177 @@
+"""The job's progress, as it marks it in the file `run` names in its env (docs/run.md).
+
+Each attempt's child gets ``RALLYPOINT_PROGRESS_FILE``, a path of `run`'s own. The job
+touches it once per step (``os.utime(path)``, ``touch "$RALLYPOINT_PROGRESS_FILE"``) or
+writes its step into it, optionally with one word of phase (``1234 step``, ``1234
+checkpoint``). The file's modification time is the progress's time: the job's own moment,
+on this node's clock, whatever `run` polls at.
+
+With ``--stall-timeout S`` a job that made no progress for S seconds while its child is alive
+has stalled; with ``--stall-timeout-first S`` one that has not marked its first progress S
+seconds after it started has too. A job that never marks progress is not watched (unless
+``--stall-timeout-first`` says it must).
+
+The file is the job's, so it is untrusted: opened without following a symlink, only as a
+regular file, at most MAX_READ bytes. Anything else (a directory, a link, a file that grew
+past MAX_READ, text that is not a step) reads as "no progress written", said once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+#: The env name the child gets.
+RALLYPOINT_PROGRESS_FILE = "RALLYPOINT_PROGRESS_FILE"
+#: Bytes read at most: a step and a word fit in a few dozen.
+MAX_READ = 256
+#: Seconds between two looks at the file.
+POLL_S = 0.25
+#: A step number, then optionally one word of phase (letters, digits, "_", "-", ".").
+_LINE = re.compile(r"\A\s*(\d{1,18})(?:[ \t]+([A-Za-z0-9_.-]{1,32}))?\s*\Z")
+
+
+class Mark(NamedTuple):
+    """One progress mark: when (the file's mtime, Unix seconds), the step, the phase."""
+
+    at: float
+    step: int | None = None
+    phase: str = ""
+
+
+class Unreadable(Exception):
+    """The file is there but holds no progress (what is wrong, for the one warning)."""
+
+
+def read(path: str) -> Mark | None:
+    """The mark in ``path`` (None while the job has not created it); Unreadable when the
+    file is not a regular file or its text is not a step."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise Unreadable(f"cannot be opened ({why}): a symlink or no access?") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable("is not a regular file")
+        if info.st_size > MAX_READ:
+            raise Unreadable(f"holds more than {MAX_READ} bytes: write one step, not a log")
+        data = os.read(fd, MAX_READ + 1)
+    except OSError as exc:
+        raise Unreadable(f"cannot be read ({exc.strerror or exc})") from exc
+    finally:
+        os.close(fd)
+    return parse(data, info.st_mtime)
+
+
+def parse(data: bytes, at: float) -> Mark:
+    """A mark from the file's bytes: empty (touched), or a step and an optional phase."""
+    if len(data) > MAX_READ:
+        raise Unreadable(f"holds more than {MAX_READ} bytes: write one step, not a log")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise Unreadable("is not a step number (ASCII text like '1234 step')") from None
+    if not text.strip():
+        return Mark(at)
+    found = _LINE.match(text)
+    if found is None:
+        raise Unreadable("is not a step number, optionally with a word of phase ('1234 step')")
+    return Mark(at, int(found.group(1)), found.group(2) or "")
+
+
+def where(mark: Mark | None) -> str:
+    """Where the job was: "at step 1234 (checkpoint)", "at step 12", or ""."""
+    if mark is None or mark.step is None:
+        return ""
+    phase = f" ({mark.phase})" if mark.phase else ""
+    return f"at step {mark.step}{phase}"
+
+
+class Stall(NamedTuple):
+    """A stall: the last mark (None: none since the start), how long, the line's cause, and
+    when the attempt began (the stall's start when there was no mark)."""
+
+    last: Mark | None
+    silent_s: float
+    detail: str
+    began: float
+
+
+class Watch:
+    """One attempt's progress file, against the stall bounds (seconds; None: not watched)."""
+
+    def __init__(
+        self,
+        path: str,
+        began: float,
+        *,
+        every_s: float | None,
+        first_s: float | None,
+        say: Callable[[str], None],
+    ) -> None:
+        self.path = path
+        self.began = began
+        self.every_s = every_s
+        self.first_s = first_s
+        self.say = say
+        #: The last mark read (None: no progress yet).
+        self.last: Mark | None = None
+        self._warned = False
+
+    @property
+    def watching(self) -> bool:
+        return self.every_s is not None or self.first_s is not None
+
+    def look(self, now: float | None = None) -> Stall | None:
+        """Read the file once; the stall, if the job has stalled by ``now`` (wall clock)."""
+        now = time.time() if now is None else now
+        try:
+            mark = read(self.path)
+        except Unreadable as exc:
+            if not self._warned:
+                self._warned = True
+                self.say(f"rallypoint: warning: {RALLYPOINT_PROGRESS_FILE} {self.path} {exc}")
+            mark = None
+        if mark is not None and mark != self.last:
+            self.last = mark
+        return self.stalled(now)
+
+    def stalled(self, now: float) -> Stall | None:
+        """The stall by ``now`` given the marks seen so far, if any."""
+        last = self.last
+        if last is None:
+            if self.first_s is None or now - self.began < self.first_s:
+                return None
+            silent = now - self.began
+            return Stall(
+                None,
+                silent,
+                f"before its first progress, {silent:.0f} s after the start",
+                self.began,
+            )
+        if self.every_s is None:
+            return None
+        silent = now - last.at
+        if silent < self.every_s:
+            return None
+        at = where(last)
+        detail = f"{at + ', ' if at else ''}no progress for {silent:.0f} s"
+        return Stall(last, silent, detail, self.began)
+
+    def follow(self, stalled: Callable[[Stall], None], over: threading.Event) -> None:
+        """Look at the file every POLL_S until ``over`` is set or the job stalled (then
+        ``stalled`` hears of it, once)."""
+        while not over.wait(POLL_S):
+            stall = self.look()
+            if stall is not None:
+                stalled(stall)
+                return

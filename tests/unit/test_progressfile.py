@@ -1,0 +1,108 @@
+"""The job's progress file (cli/progressfile.py): marks read back, stalls decided, bad files
+read as "no progress written" and said once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rallypoint.cli import progressfile
+from rallypoint.cli.progressfile import Mark, Unreadable, Watch, parse, read, where
+
+
+def test_a_touch_is_progress_without_a_step() -> None:
+    assert parse(b"", 12.5) == Mark(12.5)
+    assert parse(b"\n", 12.5) == Mark(12.5)
+
+
+def test_a_step_and_an_optional_phase() -> None:
+    assert parse(b"1234", 1.0) == Mark(1.0, 1234, "")
+    assert parse(b"1234 checkpoint\n", 1.0) == Mark(1.0, 1234, "checkpoint")
+    assert where(Mark(1.0, 1234, "checkpoint")) == "at step 1234 (checkpoint)"
+    assert where(Mark(1.0, 7)) == "at step 7"
+    assert where(Mark(1.0)) == ""
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"step 12", b"-3", b"12 two words", b"12 \xff", b"\xff\xfe", b"1" * 19, b"12 " + b"p" * 33],
+)
+def test_text_that_is_not_a_step_is_unreadable(data: bytes) -> None:
+    with pytest.raises(Unreadable):
+        parse(data, 1.0)
+
+
+@given(st.binary(max_size=progressfile.MAX_READ + 8))
+def test_any_bytes_give_a_mark_or_unreadable(data: bytes) -> None:
+    try:
+        mark = parse(data, 3.0)
+    except Unreadable as exc:
+        assert str(exc)
+        return
+    assert mark.at == 3.0 and (mark.step is None or mark.step >= 0)
+
+
+def test_the_file_is_read_with_its_mtime_and_a_missing_one_is_none(tmp_path: Path) -> None:
+    path = tmp_path / "progress"
+    assert read(str(path)) is None
+    path.write_text("41 data\n")
+    os.utime(path, (1000.0, 1000.0))
+    assert read(str(path)) == Mark(1000.0, 41, "data")
+
+
+def test_a_directory_a_symlink_and_a_file_that_grew_are_unreadable(tmp_path: Path) -> None:
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    target = tmp_path / "target"
+    target.write_text("3")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    big = tmp_path / "big"
+    big.write_text("1\n" * progressfile.MAX_READ)
+    for path in (folder, link, big):
+        with pytest.raises(Unreadable):
+            read(str(path))
+
+
+def watch(path: Path, every_s: float | None, first_s: float | None) -> tuple[Watch, list[str]]:
+    said: list[str] = []
+    return Watch(str(path), 100.0, every_s=every_s, first_s=first_s, say=said.append), said
+
+
+def test_no_progress_within_the_bound_after_the_last_mark_is_a_stall(tmp_path: Path) -> None:
+    path = tmp_path / "progress"
+    progress, _ = watch(path, every_s=10.0, first_s=None)
+    assert progress.look(now=5000.0) is None  # never marked: not watched without first_s
+    path.write_text("12 step")
+    os.utime(path, (200.0, 200.0))
+    assert progress.look(now=209.0) is None
+    stall = progress.look(now=211.0)
+    assert stall is not None and stall.last == Mark(200.0, 12, "step")
+    assert stall.detail == "at step 12 (step), no progress for 11 s"
+
+
+def test_the_first_bound_applies_until_the_first_mark(tmp_path: Path) -> None:
+    path = tmp_path / "progress"
+    progress, _ = watch(path, every_s=None, first_s=30.0)
+    assert progress.look(now=129.0) is None
+    stall = progress.look(now=131.0)
+    assert stall is not None and stall.last is None and stall.began == 100.0
+    assert stall.detail == "before its first progress, 31 s after the start"
+    path.touch()
+    os.utime(path, (131.5, 131.5))
+    # Marked once: without --stall-timeout nothing is watched after the first mark.
+    assert progress.look(now=10_000.0) is None
+
+
+def test_a_bad_file_is_said_once_and_is_no_progress(tmp_path: Path) -> None:
+    path = tmp_path / "progress"
+    progress, said = watch(path, every_s=10.0, first_s=20.0)
+    path.mkdir()
+    assert progress.look(now=110.0) is None
+    stall = progress.look(now=121.0)
+    assert stall is not None and stall.last is None
+    assert len(said) == 1 and "is not a regular file" in said[0], said
