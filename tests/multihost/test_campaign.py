@@ -1,5 +1,6 @@
-"""Short runs of the fault campaign (campaign.py): every fault kind and every supervised-job
-kind once, invariants at 0.
+"""Short runs of the fault campaign (campaign.py): every fault kind once, and the job and
+restart kinds that nothing else in the suite runs on sidecars that went through faults,
+invariants at 0.
 
 The long runs (figures in docs/reliability.md) are the same code:
 ``python -m tests.multihost.campaign --rounds 200``.
@@ -18,11 +19,18 @@ from tests.multihost.supervised import JOB_KINDS, STOPPING
 
 #: One of each fault but the two the relay test runs, in the order given (--cycle).
 EVERY_FAULT = tuple(f for f in FAULTS if f not in ("kill_relay", "kill_worker"))
-#: Every supervised-job kind, one every third round: real torch jobs under `rallypoint run`
-#: on the served env, so the plain torch jobs (the relay test runs one) are left out here.
-EVERY_JOB = JOB_KINDS
-SUPERVISED_EVERY = 3
-ROUNDS = len(EVERY_FAULT) + len(EVERY_JOB)
+#: The supervised-job kinds that only the campaign runs on sidecars that went through faults:
+#: a node lost, and a sidecar restarted under a running job. A failed rank, a stop from
+#: outside and a healthy job run on fresh sidecars in test_run.py; the long runs
+#: (docs/reliability.md) take every kind. Real torch jobs under `rallypoint run`, one every
+#: sixth round; the plain torch jobs (the relay test runs one) are left out here.
+SHORT_JOBS = ("job_lost", "job_sidecar_restart")
+SUPERVISED_EVERY = 6
+ROUNDS = len(EVERY_FAULT) + len(SHORT_JOBS)
+#: The restart kinds only the campaign runs: a crash during the restart, a node lost for
+#: good, a sidecar restarted mid-attempt. A crash and a lost node that comes back restart
+#: on fresh sidecars in test_run.py, checkpoint included; the long runs take every kind.
+SHORT_RESTARTS = ("restart_crash_twice", "restart_lost_for_good", "restart_sidecar")
 
 
 def run(netns_session: str | None, options: Options) -> dict[str, object]:
@@ -36,12 +44,13 @@ def run(netns_session: str | None, options: Options) -> dict[str, object]:
     return summary
 
 
-def test_every_fault_and_job_kind_on_four_nodes_keeps_every_invariant(
+def test_every_fault_and_the_campaigns_own_job_kinds_on_four_nodes_keep_every_invariant(
     tmp_path: Path, netns_session: str | None
 ) -> None:
     """Four nodes, the master and three workers, take every fault (`halves` splits the
-    workers at random) and every job kind; the long runs in docs/reliability.md run five."""
-    assert len(EVERY_JOB) == ROUNDS // SUPERVISED_EVERY
+    workers at random) and the job kinds above; the long runs in docs/reliability.md run
+    five nodes and every kind."""
+    assert set(SHORT_JOBS) <= set(JOB_KINDS) and len(SHORT_JOBS) == ROUNDS // SUPERVISED_EVERY
     options = Options(
         nodes=4,
         rounds=ROUNDS,
@@ -50,7 +59,7 @@ def test_every_fault_and_job_kind_on_four_nodes_keeps_every_invariant(
         cycle=True,
         job_every=0,
         supervised_every=SUPERVISED_EVERY,
-        jobs=EVERY_JOB,
+        jobs=SHORT_JOBS,
         keep=tmp_path / "run",
     )
     summary = run(netns_session, options)
@@ -60,38 +69,40 @@ def test_every_fault_and_job_kind_on_four_nodes_keeps_every_invariant(
     assert isinstance(detected, dict) and detected["n"] > 0  # liveness was really checked
     jobs = summary["supervised"]
     assert isinstance(jobs, dict)
-    assert jobs["rounds"] == dict.fromkeys(EVERY_JOB, 1)
+    assert jobs["rounds"] == dict.fromkeys(SHORT_JOBS, 1)
     assert jobs["false_stops"] == 0
     # Every stopped node's stop was timed, in each kind that stops (the 3 others each).
     stops = jobs["stop_latency_s"]
-    assert {kind: stops[kind]["n"] for kind in stops} == dict.fromkeys(STOPPING, 3)
+    stopping = [kind for kind in SHORT_JOBS if kind in STOPPING]
+    assert {kind: stops[kind]["n"] for kind in stops} == dict.fromkeys(stopping, 3)
 
 
-def test_every_restart_kind_on_three_nodes_keeps_every_invariant(
+def test_the_campaigns_own_restart_kinds_on_three_nodes_keep_every_invariant(
     tmp_path: Path, netns_session: str | None
 ) -> None:
-    """`run --restarts` through a crash, a crash during the restart, a node lost and back, a
-    node lost for good and a sidecar restarted mid-attempt, one after another on the same
-    sidecars: every job completes within its budget, attempts never overlap, every node
-    agrees on each attempt's first failure. Three nodes (a master, two workers) take every
-    path; the long runs in docs/reliability.md run five."""
+    """`run --restarts` through a crash during the restart, a node lost for good and a
+    sidecar restarted mid-attempt, one after another on the same sidecars: every job
+    completes within its budget, attempts never overlap, every node agrees on each
+    attempt's first failure. Three nodes (a master, two workers) take every path; the long
+    runs in docs/reliability.md run five nodes and every kind."""
     options = Options(
         nodes=3,
-        rounds=len(RESTART_KINDS),
+        rounds=len(SHORT_RESTARTS),
         seed=43,
         faults=EVERY_FAULT,
         cycle=True,
         job_every=0,
         supervised_every=1,
-        jobs=RESTART_KINDS,
+        jobs=SHORT_RESTARTS,
         keep=tmp_path / "run",
     )
     summary = run(netns_session, options)
     jobs = summary["supervised"]
     assert isinstance(jobs, dict)
-    assert jobs["rounds"] == dict.fromkeys(RESTART_KINDS, 1)
+    assert jobs["rounds"] == dict.fromkeys(SHORT_RESTARTS, 1)
+    assert set(SHORT_RESTARTS) <= set(RESTART_KINDS)
     # All but the node lost for good completed, each on the sidecars of the rounds before.
-    assert jobs["restarts_completed"] == len(RESTART_KINDS) - 1
+    assert jobs["restarts_completed"] == len(SHORT_RESTARTS) - 1
 
 
 def test_a_killed_relay_is_named_and_its_group_recovers(
