@@ -282,6 +282,11 @@ async def test_a_restarted_master_learns_the_earlier_attempts_from_the_workers()
         (["--rejoin-timeout", "-5"], {}, "--rejoin-timeout"),
         ([], {"RALLYPOINT_REJOIN_TIMEOUT": "soon"}, "RALLYPOINT_REJOIN_TIMEOUT"),
         (["--restart", "2"], {}, "--restart"),
+        (["--stall-timeout", "soon"], {}, "--stall-timeout"),
+        ([], {"RALLYPOINT_STALL_TIMEOUT_FIRST": "-1"}, "RALLYPOINT_STALL_TIMEOUT_FIRST"),
+        (["--stall-timeout-checkpoint", "0"], {}, "--stall-timeout-checkpoint"),
+        (["--stall-signal", "KILL"], {}, "--stall-signal"),
+        ([], {"RALLYPOINT_STALL_SIGNAL": "wake"}, "RALLYPOINT_STALL_SIGNAL"),
     ],
 )
 async def test_bad_flags_exit_2_at_once_naming_the_flag(
@@ -352,3 +357,25 @@ async def test_no_first_progress_within_the_first_bound_is_a_stall() -> None:
         assert {r: s for r, (s, _, _) in done.items()} == {0: 1, 1: 1}, done
         for _, _, stderr in done.values():
             assert "stalled before its first progress, 1 s after the start" in stderr, stderr
+
+
+async def test_a_long_checkpoint_within_its_bound_is_no_stall_and_the_dump_signal_comes_first() -> (
+    None
+):
+    """Both nodes save a 3 s checkpoint under --stall-timeout 1 --stall-timeout-checkpoint 10
+    and run to their end. Then, in the next attempt, node1 hangs after its marks and gets
+    --stall-signal USR1 (its stacks) before its stop."""
+    async with ready(2) as c:
+        save = 'echo "3 checkpoint" > "$RALLYPOINT_PROGRESS_FILE"; sleep 3'
+        saves = f"set -- 3; {MARKS}; {save}; set -- 6; {MARKS}"
+        args = ("--stall-timeout", "1", "--stall-timeout-checkpoint", "10")
+        done = await ends(await run_everywhere(c, {0: saves, 1: saves}, *args))
+        assert {r: s for r, (s, _, _) in done.items()} == {0: 0, 1: 0}, done
+        hangs = f"trap 'echo STACKS; exit 7' USR1; set -- 2; {MARKS}; sleep 60 & wait"
+        procs = await run_everywhere(c, {0: f"set -- 1000; {MARKS}"}, *args)
+        procs |= await run_everywhere(c, {1: hangs}, *args, "--stall-signal", "USR1")
+        done = await ends(procs)
+        assert {r: s for r, (s, _, _) in done.items()} == {0: 1, 1: 1}, done
+        assert "node1 (rank 1) stalled at step 2 (step)" in done[0][2], done[0]
+        assert "sent SIGUSR1 to the stalled job; stopping it in 3 s" in done[1][2], done[1]
+        assert "STACKS" in done[1][1], done[1]

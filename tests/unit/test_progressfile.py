@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint.cli import progressfile
-from rallypoint.cli.progressfile import Mark, Unreadable, Watch, parse, read, where
+from rallypoint.cli import progressfile, rules
+from rallypoint.cli.progressfile import Bounds, Mark, Unreadable, Watch, parse, read, where
 
 
 def test_a_touch_is_progress_without_a_step() -> None:
@@ -68,9 +68,12 @@ def test_a_directory_a_symlink_and_a_file_that_grew_are_unreadable(tmp_path: Pat
             read(str(path))
 
 
-def watch(path: Path, every_s: float | None, first_s: float | None) -> tuple[Watch, list[str]]:
+def watch(
+    path: Path, every_s: float | None, first_s: float | None, checkpoint_s: float | None = None
+) -> tuple[Watch, list[str]]:
     said: list[str] = []
-    return Watch(str(path), 100.0, every_s=every_s, first_s=first_s, say=said.append), said
+    bounds = Bounds(every_s, first_s, checkpoint_s)
+    return Watch(str(path), 100.0, bounds, said.append), said
 
 
 def test_no_progress_within_the_bound_after_the_last_mark_is_a_stall(tmp_path: Path) -> None:
@@ -106,3 +109,36 @@ def test_a_bad_file_is_said_once_and_is_no_progress(tmp_path: Path) -> None:
     stall = progress.look(now=121.0)
     assert stall is not None and stall.last is None
     assert len(said) == 1 and "is not a regular file" in said[0], said
+
+
+def test_a_checkpoint_mark_has_its_own_bound(tmp_path: Path) -> None:
+    path = tmp_path / "progress"
+    progress, _ = watch(path, every_s=10.0, first_s=None, checkpoint_s=60.0)
+    path.write_text("12 checkpoint")
+    os.utime(path, (200.0, 200.0))
+    assert progress.look(now=250.0) is None  # a long save within its bound
+    stall = progress.look(now=261.0)
+    assert stall is not None and stall.detail == "at step 12 (checkpoint), no progress for 61 s"
+    path.write_text("13 step")
+    os.utime(path, (300.0, 300.0))
+    assert progress.look(now=311.0) is not None  # the step's bound again
+
+
+def test_without_a_checkpoint_bound_a_checkpoint_is_a_step() -> None:
+    assert Bounds(10.0).after(Mark(1.0, 3, "checkpoint")) == 10.0
+    assert Bounds(10.0, None, 60.0).after(Mark(1.0, 3, "checkpoint")) == 60.0
+    assert Bounds(10.0, None, 60.0).after(Mark(1.0, 3, "data")) == 10.0
+    assert not Bounds().watching and Bounds(None, None, 60.0).watching
+
+
+@pytest.mark.parametrize(
+    ("text", "number"), [("USR1", 10), ("sigusr2", 12), ("SIGQUIT", 3), ("15", 15)]
+)
+def test_a_stall_signal_is_named_or_numbered(text: str, number: int) -> None:
+    assert rules.SignalName()(text) == number
+
+
+@pytest.mark.parametrize("text", ["KILL", "SIGSTOP", "9", "NOPE", "", "0", "999", "USR1x"])
+def test_a_stall_signal_a_job_cannot_catch_is_refused(text: str) -> None:
+    with pytest.raises(rules.Invalid, match="is not a signal a job can catch"):
+        rules.SignalName()(text)

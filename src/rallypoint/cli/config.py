@@ -28,7 +28,7 @@ _NOT_FIELDS = frozenset(
     {"token_file", "url", "fmt", "timeout", "out", "hostfile", "as_json", "seconds", "nodes"}
     | {"command", "local_hosts", "mdns_interfaces", "quiet", "explain", "mesh", "show_all"}
     | {"grace", "lost_exit_code", "restarts", "rejoin_timeout", "termination_log"}
-    | {"stall_timeout", "stall_timeout_first"}
+    | {"stall_timeout", "stall_timeout_first", "stall_timeout_checkpoint", "stall_signal"}
 )
 
 

@@ -8,8 +8,9 @@ on this node's clock, whatever `run` polls at.
 
 With ``--stall-timeout S`` a job that made no progress for S seconds while its child is alive
 has stalled; with ``--stall-timeout-first S`` one that has not marked its first progress S
-seconds after it started has too. A job that never marks progress is not watched (unless
-``--stall-timeout-first`` says it must).
+seconds after it started has too; after a mark whose phase is ``checkpoint`` the bound is
+``--stall-timeout-checkpoint`` when set. A job that never marks progress is not watched
+(unless ``--stall-timeout-first`` says it must).
 
 The file is the job's, so it is untrusted: opened without following a symlink, only as a
 regular file, at most MAX_READ bytes. Anything else (a directory, a link, a file that grew
@@ -32,6 +33,8 @@ RALLYPOINT_PROGRESS_FILE = "RALLYPOINT_PROGRESS_FILE"
 MAX_READ = 256
 #: Seconds between two looks at the file.
 POLL_S = 0.25
+#: The phase whose bound is --stall-timeout-checkpoint.
+CHECKPOINT = "checkpoint"
 #: A step number, then optionally one word of phase (letters, digits, "_", "-", ".").
 _LINE = re.compile(r"\A\s*(\d{1,18})(?:[ \t]+([A-Za-z0-9_.-]{1,32}))?\s*\Z")
 
@@ -96,6 +99,29 @@ def where(mark: Mark | None) -> str:
     return f"at step {mark.step}{phase}"
 
 
+class Bounds(NamedTuple):
+    """The stall bounds, seconds (None: off): after a mark, before the first one, and after
+    a mark whose phase is ``checkpoint`` (a long save is not a hang)."""
+
+    every_s: float | None = None
+    first_s: float | None = None
+    checkpoint_s: float | None = None
+
+    @property
+    def watching(self) -> bool:
+        return any(bound is not None for bound in self)
+
+    def after(self, mark: Mark) -> float | None:
+        """The bound after ``mark``: its phase's own, if it has one."""
+        if mark.phase == CHECKPOINT and self.checkpoint_s is not None:
+            return self.checkpoint_s
+        return self.every_s
+
+
+#: No bound at all: the default.
+UNWATCHED = Bounds()
+
+
 class Stall(NamedTuple):
     """A stall: the last mark (None: none since the start), how long, the line's cause, and
     when the attempt began (the stall's start when there was no mark)."""
@@ -107,21 +133,12 @@ class Stall(NamedTuple):
 
 
 class Watch:
-    """One attempt's progress file, against the stall bounds (seconds; None: not watched)."""
+    """One attempt's progress file, against the stall bounds."""
 
-    def __init__(
-        self,
-        path: str,
-        began: float,
-        *,
-        every_s: float | None,
-        first_s: float | None,
-        say: Callable[[str], None],
-    ) -> None:
+    def __init__(self, path: str, began: float, bounds: Bounds, say: Callable[[str], None]) -> None:
         self.path = path
         self.began = began
-        self.every_s = every_s
-        self.first_s = first_s
+        self.bounds = bounds
         self.say = say
         #: The last mark read (None: no progress yet).
         self.last: Mark | None = None
@@ -129,7 +146,7 @@ class Watch:
 
     @property
     def watching(self) -> bool:
-        return self.every_s is not None or self.first_s is not None
+        return self.bounds.watching
 
     def look(self, now: float | None = None) -> Stall | None:
         """Read the file once; the stall, if the job has stalled by ``now`` (wall clock)."""
@@ -149,7 +166,8 @@ class Watch:
         """The stall by ``now`` given the marks seen so far, if any."""
         last = self.last
         if last is None:
-            if self.first_s is None or now - self.began < self.first_s:
+            first_s = self.bounds.first_s
+            if first_s is None or now - self.began < first_s:
                 return None
             silent = now - self.began
             return Stall(
@@ -158,10 +176,9 @@ class Watch:
                 f"before its first progress, {silent:.0f} s after the start",
                 self.began,
             )
-        if self.every_s is None:
-            return None
+        bound = self.bounds.after(last)
         silent = now - last.at
-        if silent < self.every_s:
+        if bound is None or silent < bound:
             return None
         at = where(last)
         detail = f"{at + ', ' if at else ''}no progress for {silent:.0f} s"

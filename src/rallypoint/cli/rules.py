@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +66,24 @@ class Seconds(Rule):
             least = "0 or more" if self.allow_zero else "more than 0"
             raise Invalid(f"{value!r} is not a number of seconds: use {least}, e.g. 30")
         return seconds
+
+
+class SignalName(Rule):
+    """A signal a process can catch, by name (USR1, SIGUSR1) or number: its number."""
+
+    name = "signal"
+
+    def __call__(self, value: Any) -> int:
+        text = str(value).strip().upper()
+        name = text if text.startswith("SIG") else f"SIG{text}"
+        try:
+            number = int(text) if text.isdigit() else int(signal.Signals[name])
+            signal.Signals(number)
+        except (KeyError, ValueError):
+            number = 0
+        if number in (0, signal.SIGKILL, signal.SIGSTOP):
+            raise Invalid(f"{value!r} is not a signal a job can catch: use a name like USR1")
+        return number
 
 
 class Rate(Rule):

@@ -11,6 +11,7 @@ import click
 from rallypoint.cli import rules, termination
 from rallypoint.cli.options import client_options, opt, quiet_option, wait_timeout
 from rallypoint.cli.output import EXIT_USAGE, Command, exit_code
+from rallypoint.cli.progressfile import Bounds
 from rallypoint.cli.setup import base_url, setup
 from rallypoint.cli.waiting import served_env
 from rallypoint.core.jobs import LOST_EXIT_CODE
@@ -83,6 +84,21 @@ FIRST_LINE = "rallypoint: first failure"
     rule=rules.Seconds(),
 )
 @opt(
+    "--stall-timeout-checkpoint",
+    "Seconds without progress after a mark whose phase is 'checkpoint' (a long save is not"
+    " a hang). Default: --stall-timeout.",
+    envvar="RALLYPOINT_STALL_TIMEOUT_CHECKPOINT",
+    rule=rules.Seconds(),
+)
+@opt(
+    "--stall-signal",
+    "Send this signal (USR1, ...) to a stalled job 3 s before its stop, for its stacks"
+    " (faulthandler.register). Default: none.",
+    envvar="RALLYPOINT_STALL_SIGNAL",
+    rule=rules.SignalName(),
+    metavar="SIGNAL",
+)
+@opt(
     "--termination-log",
     "When the job failed, write its first failure's line here (Kubernetes shows it in the"
     " pod's status); default: /dev/termination-log when it exists.",
@@ -103,6 +119,8 @@ def run(
     rejoin_timeout: int,
     stall_timeout: float | None,
     stall_timeout_first: float | None,
+    stall_timeout_checkpoint: float | None,
+    stall_signal: int | None,
     termination_log: str | None,
     command: tuple[str, ...],
     **_: Any,
@@ -139,8 +157,8 @@ def run(
         restarts=restarts,
         rejoin_timeout_s=float(rejoin_timeout),
         start_timeout_s=timeout or None,
-        stall_s=stall_timeout,
-        stall_first_s=stall_timeout_first,
+        stall=Bounds(stall_timeout, stall_timeout_first, stall_timeout_checkpoint),
+        stall_signal=stall_signal,
     )
     status = supervisor.run()
     if status != 0 and firsts:

@@ -36,6 +36,8 @@ POLL_S = 30.0
 REPORT_TIMEOUT_S = 8.0
 #: How long a run that gives up waiting to start may take to say so to its sidecar.
 WITHDRAW_TIMEOUT_S = 2.0
+#: How long a stalled job has to leave its stacks after --stall-signal, before the stop.
+DUMP_S = 3.0
 #: Beyond --grace and --rejoin-timeout, how long the next attempt's start may take after a
 #: failed one: each node's stop reported and the count pushed, a few round trips.
 START_MARGIN_S = 5.0
@@ -64,8 +66,8 @@ class Supervisor:
         restarts: int = 0,
         rejoin_timeout_s: float = 60.0,
         start_timeout_s: float | None = None,
-        stall_s: float | None = None,
-        stall_first_s: float | None = None,
+        stall: progressfile.Bounds = progressfile.UNWATCHED,
+        stall_signal: int | None = None,
     ) -> None:
         self.command = list(command)
         self.env = dict(env)
@@ -76,9 +78,9 @@ class Supervisor:
         self.restarts = restarts
         self.rejoin_timeout_s = rejoin_timeout_s
         self.start_timeout_s = start_timeout_s
-        #: --stall-timeout and --stall-timeout-first (None: off).
-        self.stall_s = stall_s
-        self.stall_first_s = stall_first_s
+        #: The --stall-timeout bounds, and --stall-signal (sent before a stalled job's stop).
+        self.stall = stall
+        self.stall_signal = stall_signal
         #: The attempt the child runs in, and the queue its threads report to: new for each.
         self._attempt = 0
         self._events: queue.Queue[tuple[str, object]] = queue.Queue()
@@ -160,11 +162,7 @@ class Supervisor:
         self._ended_at = None
         began = time.time()
         progress = self._progress = progressfile.Watch(
-            self._errors.file(f"progress-attempt-{attempt}"),
-            began,
-            every_s=self.stall_s,
-            first_s=self.stall_first_s,
-            say=self.say,
+            self._errors.file(f"progress-attempt-{attempt}"), began, self.stall, self.say
         )
         env = {
             **self.env,
@@ -306,6 +304,11 @@ class Supervisor:
         self.say(f"rallypoint: stopping the job: this node stalled: {stall.detail}")
         view = self._report("stalled", at=at, detail=stall.detail)
         assert self._group is not None
+        if self.stall_signal is not None and self._group.signal(self.stall_signal):
+            # Stacks first (faulthandler.register, a flight recorder), then the stop.
+            name = jobs.signal_name(self.stall_signal)
+            self.say(f"rallypoint: sent {name} to the stalled job; stopping it in {DUMP_S:g} s")
+            self._group.wait(DUMP_S)
         if self._group.stop(self.grace_s):
             self.say(f"rallypoint: the job did not stop within --grace {self.grace_s:g}s: SIGKILL")
         self._clear()
