@@ -44,6 +44,14 @@ RESTART_STEPS = 24
 DONE_INTERVALS = 4
 #: How long a `run` may take to end after its stop's bound, before it counts as not ended.
 END_SLACK_S = 30.0
+#: `run --stall-timeout` of the rounds whose jobs mark progress (supervised.WATCHED): eight
+#: steps of SHORT_COMPUTE_S, so that a loaded machine's slow step is no hang.
+STALL_S = 6.0
+#: The step whose data phase a job_stall rank hangs in (the round waits for step 1).
+STALL_STEP = 3
+#: A job_checkpoint save: longer than STALL_S, within --stall-timeout-checkpoint.
+SAVE_S = STALL_S + 2.0
+CHECKPOINT_BOUND_S = 3 * STALL_S
 
 
 class JobRound:
@@ -97,7 +105,7 @@ class JobRound:
         """The target, the fault and the job's arguments; the `run` command line."""
         c, kind, rng = self.c, self.kind, self.c.rng
         ranks = served_ranks(c)
-        self.target = None if kind == "job_healthy" else rng.choice(c.hosts)
+        self.target = None if kind in ("job_healthy", "job_checkpoint") else rng.choice(c.hosts)
         rank = None if self.target is None else ranks[self.target]
         self.fault = JobFault(kind, self.target, rank)
         self.compute = STOP_COMPUTE_S if kind in ("job_fail", "job_outside") else SHORT_COMPUTE_S
@@ -114,9 +122,21 @@ class JobRound:
             # Running well past the liveness bound after the restart (about 0.65 s a step): a
             # node wrongly named lost would have stopped the others by the end.
             job += ["--steps", str(RESTART_STEPS)]
+        elif kind == "job_stall":
+            job += ["--stall", f"{rank}:{STALL_STEP}"]
+            self.fault = JobFault(
+                kind, self.target, rank, bound_s=STALL_S + supervised.STOP_BOUND_S
+            )
+        elif kind == "job_checkpoint":
+            job += ["--steps", "6", "--slow-save", f"2:{SAVE_S:g}"]
+        run = ["--grace", f"{JOB_GRACE_S:g}"]
+        if kind in supervised.WATCHED:
+            job += ["--progress"]
+            run += ["--stall-timeout", f"{STALL_S:g}"]
+            run += ["--stall-timeout-checkpoint", f"{CHECKPOINT_BOUND_S:g}"]
         self.gap = rng.uniform(0.5, 2.0)
         return [sys.executable, "-m", "rallypoint", "run", "--quiet", "--timeout", "60",
-                "--grace", f"{JOB_GRACE_S:g}", "--", sys.executable, str(STEPS), *job]  # fmt: skip
+                *run, "--", sys.executable, str(STEPS), *job]  # fmt: skip
 
     def inject(self) -> None:
         """The job fault, once every rank is past its first steps."""

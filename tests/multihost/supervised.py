@@ -15,8 +15,14 @@ Per kind, what the campaign does and what must hold:
   job is signalled within the liveness bound of the kill; its `run` exits 75.
 * ``job_outside``: SIGTERM to one node's `run` only. That node exits 143 (its job dies of
   the SIGTERM passed on); every other node's job is signalled within STOP_BOUND_S; exit 75.
+* ``job_stall``: under ``--stall-timeout``, one rank hangs in the data phase of a step
+  while the others block in its all-reduce (steps.py ``--stall``). Every node's job is
+  signalled within the stall timeout and STOP_BOUND_S of the hang, every `run` exits 1 and
+  names the rank that hung (its progress stopped a compute phase before the others').
 * ``job_sidecar_restart``: one sidecar SIGKILLed and restarted within the liveness bound;
-  ``job_healthy``: nothing. Every node ends 0 by itself; a job signalled is a false stop.
+  ``job_healthy``: nothing; ``job_checkpoint``: every rank saves a checkpoint longer than
+  ``--stall-timeout`` but within ``--stall-timeout-checkpoint``. Every node ends 0 by
+  itself; a job signalled is a false stop.
   Then every sidecar must know every node's job as done (``exited 0``) within a few
   keep-alive intervals (`not_done`): a job it still thinks running is named lost when its
   node goes, and that failure, kept for the session, stops the next job at once.
@@ -39,9 +45,16 @@ from typing import Any
 from tests.multihost.history import Violation
 
 #: The job faults of a supervised round, in the order --cycle takes them.
-JOB_KINDS = ("job_fail", "job_lost", "job_outside", "job_sidecar_restart", "job_healthy")
+JOB_KINDS = (
+    "job_fail", "job_lost", "job_outside", "job_sidecar_restart", "job_healthy", "job_stall",
+    "job_checkpoint",
+)  # fmt: skip
 #: The kinds whose fault must stop every other node's job.
-STOPPING = ("job_fail", "job_lost", "job_outside")
+STOPPING = ("job_fail", "job_lost", "job_outside", "job_stall")
+#: The kinds whose jobs mark their progress, under `run --stall-timeout`.
+WATCHED = ("job_healthy", "job_sidecar_restart", "job_stall", "job_checkpoint")
+#: `run`'s status for a stalled job (the job's own failure).
+STALLED_EXIT_CODE = 1
 #: `rallypoint run`'s default status for a lost node or one stopped from outside.
 LOST_EXIT_CODE = 75
 #: The status of a job that dies of the SIGTERM `run` passes on (steps.py: 128 + 15).
@@ -55,7 +68,7 @@ _FIRST = re.compile(
     r"(?P<host>\S+) \(rank (?P<rank>\d+)\) (?P<what>.*?)"
     r"(?:, (?P<when>[\d.]+) s (?:before|after) this node's stop)?(?:; exit (?P<exit>\d+))?$"
 )
-_KINDS = ("STEP", "FAIL", "ERROR", "SIGTERM", "DONE")
+_KINDS = ("STEP", "FAIL", "ERROR", "SIGTERM", "DONE", "STALL")
 #: What `run` prints when the cluster says stop, just before it signals the job's group.
 STOPPING_LINE = "rallypoint: stopping the job:"
 
@@ -87,6 +100,8 @@ class RunLog:
     #: When the stop reached the job (its first SIGTERM line).
     sigterm_at: float | None = None
     done_at: float | None = None
+    #: When the job's rank began to hang (steps.py --stall).
+    stall_at: float | None = None
     first: FirstFailure | None = None
     #: Whether `run` printed STOPPING_LINE (the cluster told it to stop the job).
     stopping: bool = False
@@ -149,7 +164,7 @@ def parse_run(node: str, status: int | None, text: str) -> RunLog:
         if parsed is not None:
             first = parsed
     fails, errors = found["FAIL"], found["ERROR"]
-    terms, dones = found["SIGTERM"], found["DONE"]
+    terms, dones, stalls = found["SIGTERM"], found["DONE"], found["STALL"]
     return RunLog(
         node=node,
         status=status,
@@ -159,6 +174,7 @@ def parse_run(node: str, status: int | None, text: str) -> RunLog:
         error_at=float(errors[0]["at"]) if errors else None,
         sigterm_at=float(terms[0]["at"]) if terms else None,
         done_at=float(dones[0]["at"]) if dones else None,
+        stall_at=float(stalls[0]["at"]) if stalls else None,
         first=first,
         stopping=STOPPING_LINE in text,
     )
@@ -199,6 +215,8 @@ def expected_status(fault: JobFault) -> int | None:
     """The status every other node's `run` must exit with; None when nobody is stopped."""
     if fault.kind == "job_fail":
         return fault.code
+    if fault.kind == "job_stall":
+        return STALLED_EXIT_CODE
     if fault.kind in ("job_lost", "job_outside"):
         return fault.lost_code
     return None
@@ -228,6 +246,15 @@ def check(fault: JobFault, runs: Mapping[str, RunLog], t: float = 0.0) -> JobVer
         elif culprit.status != fault.code:
             violate("stop", culprit.node, f"failed with {fault.code} but its run exited "
                     f"{_shown(culprit.status)}")  # fmt: skip
+    elif fault.kind == "job_stall":
+        origin = None if culprit is None else culprit.stall_at
+        if culprit is None or culprit.stall_at is None:
+            violate("job", fault.host or "-", "no STALL line from the rank told to hang")
+        elif culprit.status != STALLED_EXIT_CODE or culprit.first is None:
+            violate("stop", culprit.node, f"hung, but its run exited {_shown(culprit.status)}"
+                    f" (not {STALLED_EXIT_CODE}) or named nothing")  # fmt: skip
+        elif culprit.first.host != culprit.node:
+            violate("stop", culprit.node, f"hung, but names another: {culprit.first.line}")
     elif fault.kind == "job_outside" and culprit is not None and culprit.status != TERM_STATUS:
         violate("stop", culprit.node, f"its run, stopped from outside by SIGTERM, exited "
                 f"{_shown(culprit.status)}, not {TERM_STATUS}")  # fmt: skip

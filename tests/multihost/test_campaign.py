@@ -20,12 +20,14 @@ from tests.multihost.supervised import JOB_KINDS, STOPPING
 #: One of each fault but the two the relay test runs, in the order given (--cycle).
 EVERY_FAULT = tuple(f for f in FAULTS if f not in ("kill_relay", "kill_worker"))
 #: The supervised-job kinds that only the campaign runs on sidecars that went through faults:
-#: a node lost, and a sidecar restarted under a running job. A failed rank, a stop from
-#: outside and a healthy job run on fresh sidecars in test_run.py; the long runs
-#: (docs/reliability.md) take every kind. Real torch jobs under `rallypoint run`, one every
-#: sixth round; the plain torch jobs (the relay test runs one) are left out here.
-SHORT_JOBS = ("job_lost", "job_sidecar_restart")
-SUPERVISED_EVERY = 6
+#: a node lost, a sidecar restarted under a running job (its job marking progress under
+#: --stall-timeout: no false stall), and a hang. A failed rank, a stop from outside and a
+#: healthy job run on fresh sidecars in test_run.py, a long checkpoint in
+#: tests/inprocess/test_attempts.py; the long runs (docs/reliability.md) take every kind.
+#: Real torch jobs under `rallypoint run`, one every fourth round; the plain torch jobs
+#: (the relay test runs one) are left out here.
+SHORT_JOBS = ("job_lost", "job_sidecar_restart", "job_stall")
+SUPERVISED_EVERY = 4
 ROUNDS = len(EVERY_FAULT) + len(SHORT_JOBS)
 #: The restart kinds only the campaign runs: a crash during the restart, a node lost for
 #: good, a sidecar restarted mid-attempt. A crash and a lost node that comes back restart

@@ -21,7 +21,9 @@ can time what happened across nodes (they share one clock):
                                                  phase of STEP (a loader that stopped answering)
 
 With --progress each step marks RALLYPOINT_PROGRESS_FILE twice, as docs/run.md advises:
-"STEP data" once its batch is loaded, "STEP collective" just before the all-reduce.
+"STEP data" once its batch is loaded, "STEP collective" just before the all-reduce; with
+--slow-save STEP:SECONDS every rank marks "STEP checkpoint" after that step and saves for
+SECONDS (a long checkpoint, which --stall-timeout-checkpoint must not take for a hang).
 
 Run as a script; it needs only the standard library and torch.
 """
@@ -101,6 +103,13 @@ def main() -> int:
         metavar="RANK:STEP",
         help="that rank hangs in the data phase of STEP",
     )
+    parser.add_argument(
+        "--slow-save",
+        default=None,
+        type=lambda text: (int(text.split(":")[0]), float(text.split(":")[1])),
+        metavar="STEP:SECONDS",
+        help="every rank saves a checkpoint for SECONDS after STEP",
+    )
     args = parser.parse_args()
     progress = os.environ.get("RALLYPOINT_PROGRESS_FILE") if args.progress else None
 
@@ -167,6 +176,9 @@ def main() -> int:
             say("WRONG", rank=rank, step=step)
             return 1
         say("STEP", rank=rank, step=step)
+        if args.slow_save is not None and args.slow_save[0] == step:
+            mark(step, "checkpoint")
+            time.sleep(args.slow_save[1])
         if checkpoint:
             with open(checkpoint + ".tmp", "w") as saving:
                 saving.write(str(step))
