@@ -231,3 +231,19 @@ def test_an_earlier_attempts_first_failure_is_recalled_as_history_only() -> None
     # An earlier failure of the same attempt takes the first place, as note() would.
     assert book.recall(state(3, "exited", since=4.0, code=1, attempt=1))
     assert book.first_of(1) is not None and book.first_of(1).host == "sub3"
+
+
+def test_a_long_session_keeps_the_failures_of_the_attempts_it_keeps_only() -> None:
+    """Every attempt of a session that restarts for ever fails: the book keeps the newest
+    KEPT_ATTEMPTS attempts' failures, and a failure older than all of them is no news."""
+    book = JobBook(HOSTS)
+    attempts = jobs.KEPT_ATTEMPTS * 3
+    for attempt in range(attempts):
+        for rank in (1, 2):
+            book.note(state(rank, "exited", since=10.0 + attempt, code=3, attempt=attempt))
+    kept = {f.attempt for f in book.failures()}
+    assert kept == set(range(attempts - jobs.KEPT_ATTEMPTS, attempts))
+    assert len(book.failures()) == 2 * jobs.KEPT_ATTEMPTS
+    assert [f.attempt for f in book.firsts()] == sorted(kept)
+    assert not book.recall(state(3, "exited", since=1.0, code=3, attempt=0))
+    assert len(book.failures()) == 2 * jobs.KEPT_ATTEMPTS

@@ -249,12 +249,19 @@ class JobBook:
         key = (job.attempt, job.rank)
         if key in self._failures:
             return False
+        if len(self._firsts) >= KEPT_ATTEMPTS and job.attempt < min(self._firsts):
+            return False  # older than every attempt kept: forgotten, and no news
         self._failures[key] = job
         first = self._firsts.get(job.attempt)
         if first is None or _earlier(job, first):
             self._firsts[job.attempt] = job
             for old in sorted(self._firsts)[:-KEPT_ATTEMPTS]:
                 del self._firsts[old]
+            # A long session restarts again and again: keep the failures of the attempts
+            # kept, not every failure since the sidecar started.
+            oldest = min(self._firsts)
+            for stale in [k for k in self._failures if k[0] < oldest]:
+                del self._failures[stale]
         return True
 
     def _count_starting(self, job: JobState | None, by: int) -> None:
