@@ -108,8 +108,10 @@ def test_a_rank_that_stops_progressing_is_named_stalled_and_stops_the_job_everyw
         assert line.endswith("; exit 1"), line
         print(f"{name}: run ended {at[name] - stalled_at:.2f} s after sub2 stalled")
     for name in ("main1", "sub1"):
-        # Blocked in the all-reduce: stopped by `run`, not by gloo's own timeout.
-        assert job_lines(runs[name], "SIGTERM") and not job_lines(runs[name], "ERROR"), name
+        # Blocked in the all-reduce, 30 minutes from gloo's own timeout: stopped by `run` (or,
+        # as sub2's job went a moment before the stop arrived, by its closed connections).
+        assert job_lines(runs[name], "SIGTERM") or job_lines(runs[name], "ERROR"), name
+        assert at[name] - stalled_at < STALL_S + 30.0, (name, at[name] - stalled_at)
     for node in cluster:
         first = node.get("/job").json()["first"]
         assert (first["host"], first["state"]) == ("sub2", "stalled"), first
