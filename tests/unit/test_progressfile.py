@@ -85,7 +85,8 @@ def test_no_progress_within_the_bound_after_the_last_mark_is_a_stall(tmp_path: P
     assert progress.look(now=209.0) is None
     stall = progress.look(now=211.0)
     assert stall is not None and stall.last == Mark(200.0, 12, "step")
-    assert stall.detail == "at step 12 (step), no progress for 11 s"
+    assert stall.detail == "at step 12 (step), no progress for 10 s"
+    assert stall.silent_s == 11.0  # the age the look found; the line names the bound
 
 
 def test_the_first_bound_applies_until_the_first_mark(tmp_path: Path) -> None:
@@ -94,7 +95,7 @@ def test_the_first_bound_applies_until_the_first_mark(tmp_path: Path) -> None:
     assert progress.look(now=129.0) is None
     stall = progress.look(now=131.0)
     assert stall is not None and stall.last is None and stall.began == 100.0
-    assert stall.detail == "before its first progress, 31 s after the start"
+    assert stall.detail == "before its first progress, 30 s after the start"
     path.touch()
     os.utime(path, (131.5, 131.5))
     # Marked once: without --stall-timeout nothing is watched after the first mark.
@@ -118,7 +119,7 @@ def test_a_checkpoint_mark_has_its_own_bound(tmp_path: Path) -> None:
     os.utime(path, (200.0, 200.0))
     assert progress.look(now=250.0) is None  # a long save within its bound
     stall = progress.look(now=261.0)
-    assert stall is not None and stall.detail == "at step 12 (checkpoint), no progress for 61 s"
+    assert stall is not None and stall.detail == "at step 12 (checkpoint), no progress for 60 s"
     path.write_text("13 step")
     os.utime(path, (300.0, 300.0))
     assert progress.look(now=311.0) is not None  # the step's bound again

@@ -169,19 +169,17 @@ class Watch:
             first_s = self.bounds.first_s
             if first_s is None or now - self.began < first_s:
                 return None
+            # The line names the bound that ran out, not the age the poll found: every node
+            # that reads it says the same, however late its look came.
             silent = now - self.began
-            return Stall(
-                None,
-                silent,
-                f"before its first progress, {silent:.0f} s after the start",
-                self.began,
-            )
+            detail = f"before its first progress, {first_s:g} s after the start"
+            return Stall(None, silent, detail, self.began)
         bound = self.bounds.after(last)
         silent = now - last.at
         if bound is None or silent < bound:
             return None
         at = where(last)
-        detail = f"{at + ', ' if at else ''}no progress for {silent:.0f} s"
+        detail = f"{at + ', ' if at else ''}no progress for {bound:g} s"
         return Stall(last, silent, detail, self.began)
 
     def follow(self, stalled: Callable[[Stall], None], over: threading.Event) -> None:
