@@ -75,23 +75,32 @@ def scratch_dir() -> str | None:
     return SHM if os.path.isdir(SHM) and os.access(SHM, os.W_OK | os.X_OK) else None
 
 
+class NotRegular(OSError):
+    """A job's file that is there but is not a regular file (a directory, a FIFO)."""
+
+
+def read_regular(path: str, limit: int) -> tuple[bytes, os.stat_result]:
+    """At most ``limit`` bytes of ``path``, a file the job controls, and its stat: opened
+    without following a symlink nor blocking on a FIFO. NotRegular for anything but a
+    regular file; another OSError when it cannot be opened or read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegular(f"{path} is not a regular file")
+        return os.read(fd, limit), info
+    finally:
+        os.close(fd)
+
+
 def read_cause(path: str, since: float = 0.0) -> str:
     """One line of cause from ``path``: torch's JSON error file or a plain line of text;
     "" when there is none, it is not a regular file, or it was not written since ``since``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data, info = read_regular(path, MAX_READ)
     except OSError:
         return ""
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_mtime < since:
-            return ""
-        data = os.read(fd, MAX_READ)
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
-    return parse_cause(data)
+    return "" if info.st_mtime < since else parse_cause(data)
 
 
 def parse_cause(data: bytes) -> str:

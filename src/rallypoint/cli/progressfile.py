@@ -19,13 +19,13 @@ past MAX_READ, text that is not a step) reads as "no progress written", said onc
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Callable
 from typing import NamedTuple
+
+from rallypoint.cli import errorfile
 
 #: The env name the child gets.
 RALLYPOINT_PROGRESS_FILE = "RALLYPOINT_PROGRESS_FILE"
@@ -55,23 +55,14 @@ def read(path: str) -> Mark | None:
     """The mark in ``path`` (None while the job has not created it); Unreadable when the
     file is not a regular file or its text is not a step."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data, info = errorfile.read_regular(path, MAX_READ + 1)  # one more: parse() refuses it
     except FileNotFoundError:
         return None
+    except errorfile.NotRegular:
+        raise Unreadable("is not a regular file") from None
     except OSError as exc:
         why = exc.strerror or exc
-        raise Unreadable(f"cannot be opened ({why}): a symlink or no access?") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise Unreadable("is not a regular file")
-        if info.st_size > MAX_READ:
-            raise Unreadable(f"holds more than {MAX_READ} bytes: write one step, not a log")
-        data = os.read(fd, MAX_READ + 1)
-    except OSError as exc:
-        raise Unreadable(f"cannot be read ({exc.strerror or exc})") from exc
-    finally:
-        os.close(fd)
+        raise Unreadable(f"cannot be opened or read ({why}): a symlink or no access?") from None
     return parse(data, info.st_mtime)
 
 
