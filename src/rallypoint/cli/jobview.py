@@ -127,7 +127,12 @@ def latest_first(url: str, view: dict[str, object]) -> dict[str, object] | None:
     in while this node stopped its job); ``view``'s when the sidecar does not answer."""
     with contextlib.suppress(RallypointError):
         view = client.job(url)
-    first = view.get("first")
+    return first_failure(view)
+
+
+def first_failure(view: Mapping[str, object] | None) -> dict[str, object] | None:
+    """A job view's first failure (None: none, or no view)."""
+    first = None if view is None else view.get("first")
     return first if isinstance(first, dict) else None
 
 

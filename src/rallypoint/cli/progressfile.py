@@ -135,10 +135,6 @@ class Watch:
         self.last: Mark | None = None
         self._warned = False
 
-    @property
-    def watching(self) -> bool:
-        return self.bounds.watching
-
     def look(self, now: float | None = None) -> Stall | None:
         """Read the file once; the stall, if the job has stalled by ``now`` (wall clock)."""
         now = time.time() if now is None else now

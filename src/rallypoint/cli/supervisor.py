@@ -193,7 +193,7 @@ class Supervisor:
         threading.Thread(
             target=self._watch, args=(events, over), name="rallypoint-watch", daemon=True
         ).start()
-        if progress.watching:
+        if self.stall.watching:
             threading.Thread(
                 target=progress.follow,
                 args=(lambda stall: events.put(("stall", stall)), over),
@@ -284,15 +284,12 @@ class Supervisor:
             # and the sidecars keep the earliest failure (this one, if its mark is older).
             return self._stalled(own)
         self.say(f"rallypoint: stopping the job: {jobview.line(first)}")
-        assert self._group is not None
-        if self._group.stop(self.grace_s):
-            self.say(f"rallypoint: the job did not stop within --grace {self.grace_s:g}s: SIGKILL")
-        self._report("stopped")
+        self._stop_group()
+        # The report's answer is the attempt's first failure now: an earlier one may have
+        # come in while the job stopped.
+        later = jobview.first_failure(self._report("stopped"))
         self._clear()
-        first = jobview.latest_first(self.url, view) or first
-        status = jobs.exit_status(jobview.state(first), self.lost_code)
-        self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
-        return Outcome(status, first.get("state") != "terminated")
+        return self._exit_naming(later or first)
 
     def _stalled(self, stall: progressfile.Stall) -> Outcome:
         """This node's job made no progress within its bound: a failure like a crash. Said
@@ -309,17 +306,27 @@ class Supervisor:
             name = jobs.signal_name(self.stall_signal)
             self.say(f"rallypoint: sent {name} to the stalled job; stopping it in {DUMP_S:g} s")
             self._group.wait(DUMP_S)
-        if self._group.stop(self.grace_s):
-            self.say(f"rallypoint: the job did not stop within --grace {self.grace_s:g}s: SIGKILL")
+        self._stop_group()
         self._clear()
         if view is None:
             return Outcome(jobs.STALLED_EXIT_CODE, False)  # no sidecar: no cluster to restart
         first = jobview.latest_first(self.url, view)
         if first is None:
             return Outcome(jobs.STALLED_EXIT_CODE, True)
+        return self._exit_naming(first)
+
+    def _exit_naming(self, first: dict[str, object]) -> Outcome:
+        """Exit with the first failure's status, naming it; a restart may follow unless it
+        was a stop from outside."""
         status = jobs.exit_status(jobview.state(first), self.lost_code)
         self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
         return Outcome(status, first.get("state") != "terminated")
+
+    def _stop_group(self) -> None:
+        """SIGTERM to the job's group; SIGKILL, said, when the child outlives --grace."""
+        assert self._group is not None
+        if self._group.stop(self.grace_s):
+            self.say(f"rallypoint: the job did not stop within --grace {self.grace_s:g}s: SIGKILL")
 
     def _clear(self) -> None:
         assert self._group is not None
