@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from rallypoint.core.jobs import CAUSES
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
@@ -15,7 +17,7 @@ __all__ = ["JOB_FAILURE_CAUSES", "Family", "Metrics", "Sample", "content_type"]
 
 #: rallypoint_job_failures_total's causes (jobs.cause), each exposed at 0 from the start:
 #: increase() sees no rise in a series whose first sample is already 1.
-JOB_FAILURE_CAUSES = ("exited", "killed", "terminated", "stalled", "lost")
+JOB_FAILURE_CAUSES = CAUSES
 
 
 def content_type() -> str:
