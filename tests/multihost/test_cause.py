@@ -35,10 +35,7 @@ CAUSE = "RuntimeError: planted failure at step 2"
 
 
 def start(make_cluster: MakeCluster) -> Cluster:
-    cluster = make_cluster(hosts=HOSTS, args=("--keepalive", "1"))
-    cluster.start_all()
-    cluster.wait_all_ready(READY_S)
-    return cluster
+    return make_cluster(hosts=HOSTS, args=("--keepalive", "1")).ready(READY_S)
 
 
 def supervise(cluster: Cluster, *command: str) -> dict[str, Proc]:

@@ -63,10 +63,7 @@ def wait_cleared(cluster: Cluster) -> None:
 
 
 def start(make_cluster: MakeCluster) -> Cluster:
-    cluster = make_cluster(hosts=HOSTS, args=("--keepalive", str(INTERVAL_S)))
-    cluster.start_all()
-    cluster.wait_all_ready(READY_S)
-    return cluster
+    return make_cluster(hosts=HOSTS, args=("--keepalive", str(INTERVAL_S))).ready(READY_S)
 
 
 def test_a_dead_node_under_a_running_job_is_named_by_every_other(

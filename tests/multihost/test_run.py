@@ -43,10 +43,7 @@ STEPS = Path(steps.__file__)
 
 
 def start(make_cluster: MakeCluster, **kwargs: Any) -> Cluster:
-    cluster = make_cluster(hosts=HOSTS, args=("--keepalive", str(INTERVAL_S)), **kwargs)
-    cluster.start_all()
-    cluster.wait_all_ready(READY_S)
-    return cluster
+    return make_cluster(hosts=HOSTS, args=("--keepalive", str(INTERVAL_S)), **kwargs).ready(READY_S)
 
 
 def supervise(cluster: Cluster, *job_args: str, run_args: tuple[str, ...] = ()) -> dict[str, Proc]:

@@ -37,10 +37,7 @@ JOB = ("--mib", "4", "--compute-s", "0.5", "--progress")
 
 
 def start(make_cluster: MakeCluster) -> Cluster:
-    cluster = make_cluster(hosts=HOSTS, args=("--keepalive", "1"))
-    cluster.start_all()
-    cluster.wait_all_ready(READY_S)
-    return cluster
+    return make_cluster(hosts=HOSTS, args=("--keepalive", "1")).ready(READY_S)
 
 
 def supervise(cluster: Cluster, *job: str) -> dict[str, Proc]:

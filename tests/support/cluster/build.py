@@ -134,6 +134,12 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         return {node.name: node.wait_ready(max(0.1, deadline - time.monotonic())) for node in self}
 
+    def ready(self, timeout_s: float) -> Cluster:
+        """Start every sidecar and wait until every node serves /env; this cluster."""
+        self.start_all()
+        self.wait_all_ready(timeout_s)
+        return self
+
     # teardown -------------------------------------------------------------------------------
 
     def logs(self, tail_lines: int = 40) -> str:
