@@ -332,11 +332,30 @@ async def test_a_job_that_stops_making_progress_is_named_stalled_on_every_node()
         done = await ends(procs)
         assert {r: s for r, (s, _, _) in done.items()} == {0: 1, 1: 1, 2: 1}, done
         named = "first failure: node2 (rank 2) stalled at step 3 (step), no progress for 2 s"
+        behind = "node2 (rank 2) is behind: its last progress was step 3 (step), every other"
         for _, _, stderr in done.values():
-            assert named in stderr, stderr
+            assert named in stderr and behind in stderr, stderr
         assert "rallypoint: stopping the job: this node stalled: at step 3" in done[2][2]
         first = c.nodes[1].node.job_status()["first"]
         assert (first["host"], first["state"]) == ("node2", "stalled"), first  # type: ignore[index]
+
+
+async def test_under_torchrun_each_local_rank_marks_its_own_and_the_oldest_is_the_nodes() -> None:
+    """node1's local rank 1 hangs while its local rank 0 keeps marking: node1 has stalled,
+    and every node names the local rank."""
+    async with ready(2) as c:
+        ranks = 'for r in 0 1; do (P="$RALLYPOINT_PROGRESS_FILE.$r"; {MARKS}) & done; wait'
+        marks = (
+            'i=0; while [ "$i" -lt "$N" ]; do i=$((i+1)); echo "$i step" > "$P"; sleep 0.2; done'
+        )
+        steady, hangs = (
+            ranks.format(MARKS=f"N=1000; {marks}"),
+            ranks.format(MARKS=f'N=$((r == 1 ? 3 : 1000)); {marks}; [ "$r" = 1 ] && sleep 60'),
+        )
+        done = await ends(await run_everywhere(c, {0: steady, 1: hangs}, "--stall-timeout", "2"))
+        assert {r: s for r, (s, _, _) in done.items()} == {0: 1, 1: 1}, done
+        for _, _, stderr in done.values():
+            assert "node1 (rank 1) stalled at step 3 (step), local rank 1" in stderr, stderr
 
 
 async def test_a_job_that_keeps_progressing_or_never_marks_is_never_stalled() -> None:

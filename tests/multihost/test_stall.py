@@ -103,6 +103,8 @@ def test_a_rank_that_stops_progressing_is_named_stalled_and_stops_the_job_everyw
         line = [x for x in log.splitlines() if x.startswith("rallypoint: first failure:")][-1]
         assert "sub2 (rank 2) stalled at step 2 (collective), no progress for" in line, log
         assert line.endswith("; exit 1"), line
+        # Its progress stopped before its step 3 batch; the others marked step 3 (data).
+        assert "rallypoint: sub2 (rank 2) is behind: its last progress was step 2" in log, log
         print(f"{name}: run ended {at[name] - stalled_at:.2f} s after sub2 stalled")
     for name in ("main1", "sub1"):
         # Blocked in the all-reduce, 30 minutes from gloo's own timeout: stopped by `run` (or,
@@ -110,8 +112,9 @@ def test_a_rank_that_stops_progressing_is_named_stalled_and_stops_the_job_everyw
         assert job_lines(runs[name], "SIGTERM") or job_lines(runs[name], "ERROR"), name
         assert at[name] - stalled_at < STALL_S + 30.0, (name, at[name] - stalled_at)
     for node in cluster:
-        first = node.get("/job").json()["first"]
-        assert (first["host"], first["state"]) == ("sub2", "stalled"), first
+        view = node.get("/job").json()
+        assert (view["first"]["host"], view["first"]["state"]) == ("sub2", "stalled"), view
+        assert view["progress"]["oldest"][0]["host"] == "sub2", view["progress"]
     assert left_in(cluster) == []
 
 
@@ -122,3 +125,7 @@ def test_a_job_that_keeps_progressing_is_never_stalled(
     # 16 steps of 0.5 s: past three times the bound, every step marked.
     codes, _ = ended(supervise(cluster, "--steps", "16"))
     assert codes == dict.fromkeys(HOSTS, 0), (codes, cluster.logs())
+    # The master holds every node's last mark: each job's last step.
+    master = next(node for node in cluster if node.name == "main1")
+    marks = master.get("/job").json()["progress"]["nodes"]
+    assert {(m["host"], m["step"]) for m in marks} == {(h, 15) for h in HOSTS}, marks

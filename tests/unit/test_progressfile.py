@@ -4,14 +4,17 @@ read as "no progress written" and said once."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rallypoint.cli import progressfile, rules
+from rallypoint.cli import client, progressfile, progresspost, rules
 from rallypoint.cli.progressfile import Bounds, Mark, Unreadable, Watch, parse, read, where
+from rallypoint.wire import jobs as wirejobs
 
 
 def test_a_touch_is_progress_without_a_step() -> None:
@@ -143,3 +146,67 @@ def test_a_stall_signal_is_named_or_numbered(text: str, number: int) -> None:
 def test_a_stall_signal_a_job_cannot_catch_is_refused(text: str) -> None:
     with pytest.raises(rules.Invalid, match="is not a signal a job can catch"):
         rules.SignalName()(text)
+
+
+def mark_at(path: Path, text: str, at: float) -> None:
+    path.write_text(text)
+    os.utime(path, (at, at))
+
+
+def test_with_local_ranks_files_the_node_is_its_oldest_local_rank(tmp_path: Path) -> None:
+    path = tmp_path / "progress-attempt-0"
+    mark_at(Path(f"{path}.0"), "12 step", 300.0)
+    mark_at(Path(f"{path}.1"), "11 data", 250.0)
+    mark_at(Path(f"{path}.12"), "12 step", 301.0)
+    for stray in ("progress-attempt-0.x", "progress-attempt-0.99999", "progress-attempt-1.0"):
+        mark_at(tmp_path / stray, "1", 1.0)  # not a local rank of this file
+    assert progressfile.local_ranks(str(path)) == [0, 1, 12]
+    assert progressfile.read_node(str(path)) == Mark(250.0, 11, "data", 1)
+    progress, _ = watch(path, every_s=10.0, first_s=None)
+    stall = progress.look(now=261.0)
+    assert (
+        stall is not None
+        and stall.detail == "at step 11 (data), local rank 1, no progress for 10 s"
+    )
+
+
+def test_a_local_ranks_bad_file_is_said_once(tmp_path: Path) -> None:
+    path = tmp_path / "progress"
+    mark_at(path, "3", 100.0)
+    Path(f"{path}.0").mkdir()
+    progress, said = watch(path, every_s=10.0, first_s=None)
+    assert progress.look(now=105.0) is None
+    assert progress.look(now=106.0) is None
+    assert len(said) == 1 and "is not a regular file" in said[0], said
+
+
+def test_the_publisher_posts_the_newest_mark_and_never_drops_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Marks offered faster than once per PUBLISH_S: the first goes at once, the last one
+    offered goes at the next turn, those between are replaced."""
+    posted: list[wirejobs.ProgressReport] = []
+    monkeypatch.setattr(
+        client,
+        "report_progress",
+        lambda url, body, timeout_s: posted.append(wirejobs.parse_progress(body)),
+    )
+    monkeypatch.setattr(progresspost, "PUBLISH_S", 0.3)
+    publisher = progresspost.Publisher("http://127.0.0.1:1", attempt=4)
+    over = threading.Event()
+    thread = threading.Thread(target=publisher.run, args=(over,))
+    thread.start()
+    try:
+        publisher.offer(Mark(10.0, 1))
+        deadline = time.monotonic() + 5.0
+        while not posted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for step in range(2, 6):
+            publisher.offer(Mark(10.0 + step, step, "step", 2))
+        while len(posted) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        over.set()
+        thread.join(5.0)
+    assert [(p.attempt, p.step) for p in posted] == [(4, 1), (4, 5)], posted
+    assert posted[1] == wirejobs.ProgressReport(4, 15.0, 5, "step", 2)

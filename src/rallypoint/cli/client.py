@@ -258,6 +258,13 @@ def report_job(base_url: str, body: bytes, *, timeout_s: float = _MARGIN_S) -> d
     return _json_object(base_url, "/job", answer)
 
 
+def report_progress(base_url: str, body: bytes, *, timeout_s: float = _MARGIN_S) -> None:
+    """POST /job/progress: the job's latest progress mark."""
+    answer = get(base_url, "/job/progress", timeout_s=timeout_s, body=body)
+    if answer.status != 204:
+        raise _unexpected(base_url, "POST /job/progress", answer)
+
+
 def _json_object(base_url: str, path: str, answer: Answer) -> dict[str, object]:
     """The JSON object an answer carries; SidecarError for anything else."""
     try:

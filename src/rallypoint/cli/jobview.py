@@ -4,6 +4,7 @@ attempt: report starting, wait until every node is starting too (docs/run.md).""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -14,6 +15,8 @@ from rallypoint.wire import jobs as wirejobs
 
 #: Seconds between attempts to reach a sidecar that does not answer.
 RETRY_S = 1.0
+#: Longest long-poll of GET /job while the job runs; the loop polls again.
+POLL_S = 30.0
 #: Longest single wait for the attempt's start; the loop looks at signals and its bound.
 START_POLL_S = 1.0
 #: After this long at the start, `run` says once what it waits for.
@@ -122,12 +125,12 @@ def settled(url: str, view: dict[str, object]) -> dict[str, object]:
     return view
 
 
-def latest_first(url: str, view: dict[str, object]) -> dict[str, object] | None:
-    """The attempt's first failure as the sidecar knows it now (an earlier one may have come
-    in while this node stopped its job); ``view``'s when the sidecar does not answer."""
+def latest(url: str, view: dict[str, object]) -> dict[str, object]:
+    """The job view as the sidecar has it now (an earlier failure may have come in while this
+    node stopped its job); ``view`` when the sidecar does not answer."""
     with contextlib.suppress(RallypointError):
         view = client.job(url)
-    return first_failure(view)
+    return view
 
 
 def first_failure(view: Mapping[str, object] | None) -> dict[str, object] | None:
@@ -176,3 +179,58 @@ def starting(view: Mapping[str, object]) -> str:
     waiting = counts.get("starting", 0) if isinstance(counts, dict) else 0
     attempt = own.get("attempt") if isinstance(own, dict) else None
     return f"{waiting} of {total} nodes starting attempt {attempt}"
+
+
+def follow_stop(
+    url: str,
+    running: Callable[[], bytes],
+    stop: Callable[[dict[str, object]], None],
+    over: threading.Event,
+    *,
+    say: Callable[[str], None],
+) -> None:
+    """Report the attempt's start (``running``'s body), then long-poll the sidecar until it
+    says stop (``stop`` hears the view, once) or the attempt is ``over``."""
+    boot: object = None
+    version = -1
+    gone = False
+    while not over.is_set():
+        try:
+            view = (
+                client.report_job(url, running())
+                if boot is None
+                else client.job(url, version, POLL_S)
+            )
+        except RallypointError as exc:
+            if not gone:
+                say(
+                    f"rallypoint: warning: {exc}; the job keeps running, and other nodes'"
+                    " failures cannot stop it until the sidecar is back"
+                )
+                gone = True
+            boot = None
+            time.sleep(RETRY_S)
+            continue
+        if gone:
+            say("rallypoint: the sidecar answers again; the job's state is reported")
+            gone = False
+        if boot is None and view.get("carried") is False:
+            say(
+                "rallypoint: warning: the sidecar runs with --keepalive 0: other nodes'"
+                " failures cannot stop this job"
+            )
+        if view.get("boot") != boot and boot is not None:
+            boot = None  # the sidecar restarted: it must hear of the job again
+            continue
+        boot = view.get("boot")
+        version = int(number(view.get("version")) or 0)
+        if view.get("stop") is True:
+            stop(view)
+            return
+
+
+def behind(view: Mapping[str, object] | None) -> str:
+    """The job view's line on which node's progress stopped first ("" when it has none)."""
+    progress = None if view is None else view.get("progress")
+    said = progress.get("behind") if isinstance(progress, dict) else None
+    return said if isinstance(said, str) else ""

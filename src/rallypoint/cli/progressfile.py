@@ -19,6 +19,7 @@ past MAX_READ, text that is not a step) reads as "no progress written", said onc
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from rallypoint.cli import errorfile
+from rallypoint.core.progress import PHASE_PATTERN, spot
 
 #: The env name the child gets.
 RALLYPOINT_PROGRESS_FILE = "RALLYPOINT_PROGRESS_FILE"
@@ -36,15 +38,19 @@ POLL_S = 0.25
 #: The phase whose bound is --stall-timeout-checkpoint.
 CHECKPOINT = "checkpoint"
 #: A step number, then optionally one word of phase (letters, digits, "_", "-", ".").
-_LINE = re.compile(r"\A\s*(\d{1,18})(?:[ \t]+([A-Za-z0-9_.-]{1,32}))?\s*\Z")
+_LINE = re.compile(rf"\A\s*(\d{{1,18}})(?:[ \t]+({PHASE_PATTERN}))?\s*\Z")
+#: Most local ranks' files read (a node has a few GPUs; a bound against a flood of files).
+MAX_LOCAL_RANKS = 1024
 
 
 class Mark(NamedTuple):
-    """One progress mark: when (the file's mtime, Unix seconds), the step, the phase."""
+    """One progress mark: when (the file's mtime, Unix seconds), the step, the phase, and
+    the local rank whose file it is (None: the file itself)."""
 
     at: float
     step: int | None = None
     phase: str = ""
+    local_rank: int | None = None
 
 
 class Unreadable(Exception):
@@ -66,6 +72,41 @@ def read(path: str) -> Mark | None:
     return parse(data, info.st_mtime)
 
 
+def read_node(path: str) -> Mark | None:
+    """The node's mark: the oldest of ``path`` and its local ranks' files (``path.N``);
+    Unreadable when one of them is there but holds no progress."""
+    marks = []
+    mark = read(path)
+    if mark is not None:
+        marks.append(mark)
+    for local_rank in local_ranks(path):
+        mark = read(f"{path}.{local_rank}")
+        if mark is not None:
+            marks.append(mark._replace(local_rank=local_rank))
+    return min(marks, key=lambda m: m.at, default=None)
+
+
+def local_ranks(path: str) -> list[int]:
+    """The local ranks that have a file beside ``path`` (``path.0``, ``path.1``...)."""
+    folder, name = os.path.split(path)
+    prefix = name + "."
+    found = []
+    try:
+        with os.scandir(folder or ".") as entries:
+            for entry in entries:
+                rest = entry.name[len(prefix) :] if entry.name.startswith(prefix) else ""
+                if (
+                    rest.isascii()
+                    and rest.isdigit()
+                    and len(rest) <= 4
+                    and int(rest) < MAX_LOCAL_RANKS
+                ):
+                    found.append(int(rest))
+    except OSError:
+        return []
+    return sorted(found)
+
+
 def parse(data: bytes, at: float) -> Mark:
     """A mark from the file's bytes: empty (touched), or a step and an optional phase."""
     if len(data) > MAX_READ:
@@ -83,11 +124,11 @@ def parse(data: bytes, at: float) -> Mark:
 
 
 def where(mark: Mark | None) -> str:
-    """Where the job was: "at step 1234 (checkpoint)", "at step 12", or ""."""
-    if mark is None or mark.step is None:
+    """Where the job was: "at step 1234 (checkpoint)", "at step 12, local rank 3", or ""."""
+    if mark is None:
         return ""
-    phase = f" ({mark.phase})" if mark.phase else ""
-    return f"at step {mark.step}{phase}"
+    said = spot(mark.step, mark.phase, mark.local_rank)
+    return f"at {said}" if mark.step is not None else said
 
 
 class Bounds(NamedTuple):
@@ -139,7 +180,7 @@ class Watch:
         """Read the file once; the stall, if the job has stalled by ``now`` (wall clock)."""
         now = time.time() if now is None else now
         try:
-            mark = read(self.path)
+            mark = read_node(self.path)
         except Unreadable as exc:
             if not self._warned:
                 self._warned = True
@@ -169,11 +210,19 @@ class Watch:
         detail = f"{at + ', ' if at else ''}no progress for {bound:g} s"
         return Stall(last, silent, detail, self.began)
 
-    def follow(self, stalled: Callable[[Stall], None], over: threading.Event) -> None:
+    def follow(
+        self,
+        stalled: Callable[[Stall], None],
+        over: threading.Event,
+        marked: Callable[[Mark], None] = lambda mark: None,
+    ) -> None:
         """Look at the file every POLL_S until ``over`` is set or the job stalled (then
-        ``stalled`` hears of it, once)."""
+        ``stalled`` hears of it, once); ``marked`` hears of each new mark."""
         while not over.wait(POLL_S):
+            before = self.last
             stall = self.look()
+            if self.last is not None and self.last != before:
+                marked(self.last)
             if stall is not None:
                 stalled(stall)
                 return

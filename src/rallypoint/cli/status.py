@@ -157,11 +157,42 @@ def job_lines(job: object, *, show_all: bool = False) -> list[str]:
     for failed in earlier:
         if failed.get("attempt") != attempt:
             out.append(f"  attempt {failed.get('attempt')}: first failure {_failure(failed)}")
+    progress = job.get("progress") if isinstance(job.get("progress"), dict) else {}
+    assert isinstance(progress, dict)
+    out += _progress_lines(progress)
+    marks = {m.get("rank"): m for m in progress.get("nodes") or () if isinstance(m, dict)}
     nodes = [n for n in job.get("nodes") or () if isinstance(n, dict)]
     if not show_all and len(nodes) > SUMMARY_ABOVE:
         nodes = [n for n in nodes if n.get("state") != "running"]
-    out += [f"  - {n.get('host')} (rank {n.get('rank')}): {n.get('what')}" for n in nodes]
+    for n in nodes:
+        out.append(f"  - {_who(n)}: {n.get('what')}{_mark(marks.get(n.get('rank')))}")
     return out
+
+
+def _progress_lines(progress: Mapping[str, Any]) -> list[str]:
+    """The cluster's progress: how many nodes marked, the oldest and newest, who is behind."""
+    marked, oldest, newest = progress.get("marked"), progress.get("oldest"), progress.get("newest")
+    if not isinstance(marked, int) or not marked or not isinstance(oldest, list) or not oldest:
+        return []
+    slowest = oldest[0]
+    line = f"  progress: {marked} nodes marked; oldest {_who(slowest)}{_mark(slowest)}"
+    if isinstance(newest, dict) and newest != slowest:
+        line += f"; newest {_who(newest)}{_mark(newest)}"
+    behind = progress.get("behind")
+    return [line] + ([f"  {behind}"] if isinstance(behind, str) and behind else [])
+
+
+def _who(mark: Mapping[str, Any]) -> str:
+    return f"{mark.get('host')} (rank {mark.get('rank')})"
+
+
+def _mark(mark: Mapping[str, Any] | None) -> str:
+    """ ", step 1234 (data), 0.4 s ago" for a node's last progress ("" without one)."""
+    if not isinstance(mark, dict):
+        return ""
+    age = mark.get("age_s")
+    ago = f", {age:.1f} s ago" if isinstance(age, int | float) else ""
+    return f", {mark.get('where')}{ago}"
 
 
 def _failure(first: Mapping[str, Any]) -> str:

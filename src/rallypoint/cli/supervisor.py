@@ -23,15 +23,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from rallypoint.cli import childgroup, childproc, client, errorfile, jobview, progressfile
+from rallypoint.cli import (
+    childgroup,
+    childproc,
+    client,
+    errorfile,
+    jobview,
+    progressfile,
+    progresspost,
+)
 from rallypoint.core import jobs
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobs as wirejobs
 
 #: The signals `run` passes on to the job's process group.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-#: Longest long-poll of GET /job; the loop polls again.
-POLL_S = 30.0
 #: Longest wait for the sidecar's answer to a report (it waits for the report to go on).
 REPORT_TIMEOUT_S = 8.0
 #: How long a run that gives up waiting to start may take to say so to its sidecar.
@@ -95,6 +101,7 @@ class Supervisor:
         self._errors = errorfile.ErrorFiles(env)
         #: The attempt's progress file, against the stall bounds.
         self._progress: progressfile.Watch | None = None
+        self._publisher: progresspost.Publisher | None = None
 
     # -- the whole run ------------------------------------------------------------------
 
@@ -191,15 +198,15 @@ class Supervisor:
         events, over = self._events, threading.Event()
         threading.Thread(target=self._reap, name="rallypoint-reap", daemon=True).start()
         threading.Thread(
-            target=self._watch, args=(events, over), name="rallypoint-watch", daemon=True
+            target=jobview.follow_stop,
+            args=(self.url, self._running_body, lambda view: events.put(("stop", view)), over),
+            kwargs={"say": self.say},
+            name="rallypoint-watch",
+            daemon=True,
         ).start()
-        if self.stall.watching:
-            threading.Thread(
-                target=progress.follow,
-                args=(lambda stall: events.put(("stall", stall)), over),
-                name="rallypoint-progress",
-                daemon=True,
-            ).start()
+        self._publisher = progresspost.start(
+            self.url, attempt, progress, lambda s: events.put(("stall", s)), over
+        )
         try:
             return self._supervise()
         finally:
@@ -255,6 +262,8 @@ class Supervisor:
         """
         status = returncode if returncode >= 0 else 128 - returncode
         at, cause = self._ended_at, self._errors.cause() if returncode else ""
+        if self._publisher is not None and self._progress is not None:
+            self._publisher.last(self._progress)
         if returncode >= 0:
             view = self._report("exited", code=returncode, at=at, detail=cause)
         else:
@@ -287,9 +296,9 @@ class Supervisor:
         self._stop_group()
         # The report's answer is the attempt's first failure now: an earlier one may have
         # come in while the job stopped.
-        later = jobview.first_failure(self._report("stopped"))
+        answer = self._report("stopped")
         self._clear()
-        return self._exit_naming(later or first)
+        return self._exit_naming(jobview.first_failure(answer) or first, answer or view)
 
     def _stalled(self, stall: progressfile.Stall) -> Outcome:
         """This node's job made no progress within its bound: a failure like a crash. Said
@@ -310,16 +319,19 @@ class Supervisor:
         self._clear()
         if view is None:
             return Outcome(jobs.STALLED_EXIT_CODE, False)  # no sidecar: no cluster to restart
-        first = jobview.latest_first(self.url, view)
+        view = jobview.latest(self.url, view)
+        first = jobview.first_failure(view)
         if first is None:
             return Outcome(jobs.STALLED_EXIT_CODE, True)
-        return self._exit_naming(first)
+        return self._exit_naming(first, view)
 
-    def _exit_naming(self, first: dict[str, object]) -> Outcome:
-        """Exit with the first failure's status, naming it; a restart may follow unless it
-        was a stop from outside."""
+    def _exit_naming(self, first: dict[str, object], view: dict[str, object]) -> Outcome:
+        """Exit with the first failure's status, naming it (and, after a stall, which node's
+        progress stopped first); a restart may follow unless it was a stop from outside."""
         status = jobs.exit_status(jobview.state(first), self.lost_code)
         self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
+        if first.get("state") == "stalled" and (behind := jobview.behind(view)):
+            self.say(f"rallypoint: {behind}")
         return Outcome(status, first.get("state") != "terminated")
 
     def _stop_group(self) -> None:
@@ -350,44 +362,6 @@ class Supervisor:
             return client.report_job(self.url, body, timeout_s=timeout_s)
         except RallypointError:
             return None  # the watcher says once that the sidecar is gone
-
-    def _watch(self, events: queue.Queue[tuple[str, object]], over: threading.Event) -> None:
-        """Report the start, then long-poll the sidecar for a stop, until the attempt is over."""
-        boot: object = None
-        version = -1
-        gone = False
-        while not over.is_set():
-            try:
-                if boot is None:
-                    view = client.report_job(self.url, self._running_body())
-                else:
-                    view = client.job(self.url, version, POLL_S)
-            except RallypointError as exc:
-                if not gone:
-                    self.say(
-                        f"rallypoint: warning: {exc}; the job keeps running, and other nodes'"
-                        " failures cannot stop it until the sidecar is back"
-                    )
-                    gone = True
-                boot = None
-                time.sleep(jobview.RETRY_S)
-                continue
-            if gone:
-                self.say("rallypoint: the sidecar answers again; the job's state is reported")
-                gone = False
-            if boot is None and view.get("carried") is False:
-                self.say(
-                    "rallypoint: warning: the sidecar runs with --keepalive 0: other nodes'"
-                    " failures cannot stop this job"
-                )
-            if view.get("boot") != boot and boot is not None:
-                boot = None  # the sidecar restarted: it must hear of the job again
-                continue
-            boot = view.get("boot")
-            version = int(jobview.number(view.get("version")) or 0)
-            if view.get("stop") is True:
-                events.put(("stop", view))
-                return
 
     def _running_body(self) -> bytes:
         at, signum = self._terminated_at, self._terminated

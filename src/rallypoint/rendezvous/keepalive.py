@@ -25,10 +25,12 @@ import time
 from rallypoint.core import fanout, names
 from rallypoint.core.jobs import JobState
 from rallypoint.core.liveness import Down, Watch, aged, warning
+from rallypoint.core.progress import Mark
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.net import resolve
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.jobwatch import JobWatch
+from rallypoint.rendezvous.progresswatch import ProgressWatch
 from rallypoint.wire import alive as wirealive
 
 log = logging.getLogger("rallypoint.rendezvous")
@@ -45,10 +47,13 @@ GAUGE_ALL_NODES = 256
 class Keepalive:
     """One node's keep-alive loop and its answers to others' keep-alives."""
 
-    def __init__(self, ctx: NodeContext, watch: Watch, jobs: JobWatch) -> None:
+    def __init__(
+        self, ctx: NodeContext, watch: Watch, jobs: JobWatch, progress: ProgressWatch
+    ) -> None:
         self.ctx = ctx
         self.watch = watch
         self.jobs = jobs
+        self.progress = progress
         spec = ctx.spec
         self.size = fanout.group_size(spec.nnodes, ctx.settings.relay_group_size)
         #: Our relay's rank (None: we talk to the master directly).
@@ -176,9 +181,14 @@ class Keepalive:
             if rank in group:
                 self.watch.heard(rank, age_s)
         await self.jobs.from_peer(alive, upstream=alive.rank in (0, self.relay))
+        self.progress.from_peer(alive)
         view = self.watch.view()
         down = wirealive.AliveAnswer(
-            spec.session, spec.rank, tuple(view[: wirealive.MAX_DOWN]), len(view)
+            spec.session,
+            spec.rank,
+            tuple(view[: wirealive.MAX_DOWN]),
+            len(view),
+            progress=self.progress.summary(),
         )
         return self.jobs.with_jobs(down, alive.jobs_seen)
 
@@ -190,11 +200,12 @@ class Keepalive:
     def _upstream(self) -> int:
         return 0 if self.relay is None else self.relay
 
-    def _body(self) -> tuple[bytes, tuple[JobState, ...]]:
-        """A keep-alive's body, and the group's job states it carries."""
+    def _body(self) -> tuple[bytes, tuple[JobState, ...], tuple[Mark, ...]]:
+        """A keep-alive's body, and the group's job states and progress marks it carries."""
         spec = self.ctx.spec
         ages = tuple(self.watch.ages(self.group))
         own, changed, seen = self.jobs.outgoing(self.group)
+        mark, marks = self.progress.outgoing(self.group)
         book = self.jobs.book  # earlier attempts' first failures, to an upstream that restarted
         firsts = [f for f in book.firsts() if f.attempt < book.go] if self.jobs.tell_firsts else []
         self._told_firsts = bool(firsts)
@@ -208,24 +219,28 @@ class Keepalive:
             jobs_seen=seen,
             go=self.jobs.book.go,
             firsts=tuple(firsts),
+            mark=mark,
+            marks=marks,
         )
-        return wirealive.encode_alive(alive), changed
+        return wirealive.encode_alive(alive), changed, marks
 
     async def _beat(self) -> None:
         """A worker's keep-alive: to its relay, and to the master when the relay fails it."""
-        body, changed = self._body()
+        body, changed, marks = self._body()
         if self.relay is not None:
             if await self._send(self.relay, body, self._interval / 2, upstream=True):
-                self._sent(changed)
+                self._sent(changed, marks)
                 self.watch.track(self.group, upstream=[self.relay])
                 return
             self.watch.track(self.group, upstream=[self.relay, 0])
         if await self._send(0, body, self._interval, upstream=True):
-            self._sent(changed)
+            self._sent(changed, marks)
 
-    def _sent(self, changed: tuple[JobState, ...]) -> None:
-        """The upstream took a keep-alive: its states, and the first failures it carried."""
+    def _sent(self, changed: tuple[JobState, ...], marks: tuple[Mark, ...]) -> None:
+        """The upstream took a keep-alive: its states and marks, and the first failures it
+        carried."""
         self.jobs.sent(changed)
+        self.progress.sent(marks)
         if self._told_firsts:
             self.jobs.tell_firsts = False
 
@@ -233,7 +248,7 @@ class Keepalive:
         """The master's own keep-alive to each rank gone silent: it comes back, or says why."""
         silent = self.watch.to_check()[:MAX_CHECKS]
         if silent:
-            body, _ = self._body()
+            body, _, _ = self._body()
             await asyncio.gather(*(self._send(r, body, self._interval) for r in silent))
 
     async def _send(
@@ -265,6 +280,7 @@ class Keepalive:
             self.watch.heard(rank)
             if upstream:
                 self.watch.upstream(rank, answer.down)
+                self.progress.from_upstream(answer)
                 await self.jobs.from_upstream(answer)
             return True
         return False

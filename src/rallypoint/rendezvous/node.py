@@ -42,6 +42,7 @@ from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.rendezvous.peerapi import PeerApi
 from rallypoint.rendezvous.peers import PeerTable
 from rallypoint.rendezvous.prober import Prober
+from rallypoint.rendezvous.progresswatch import ProgressWatch
 from rallypoint.rendezvous.race import cancel_quietly
 from rallypoint.rendezvous.readiness import Readiness
 from rallypoint.rendezvous.relay import Relay
@@ -65,6 +66,8 @@ class Rendezvous(AsyncResource):
     verification: Verification | None = None
     #: After ready, the keep-alives that name a peer gone (None: --keepalive 0).
     keepalive: Keepalive | None = None
+    #: Each node's job progress (None until the node list is known).
+    progress: ProgressWatch | None = None
     #: The supervised job on every node (`rallypoint run`).
     jobs: JobWatch | None = None
     #: What the master, worker and verification share.
@@ -230,9 +233,18 @@ class Rendezvous(AsyncResource):
             sync_bound_s=liveness.UPSTREAM_DOWN_AFTER * self.settings.keepalive_s,
             ready=lambda: self.readiness.ready,
         )
+        offsets, jobs = self.offsets, self.jobs
+        self.progress = ProgressWatch(
+            spec,
+            group_size=size,
+            now=offsets.now,
+            offset=lambda: offsets.offset_s,
+            error=lambda: 0.0 if offsets.best is None else offsets.best.rtt_s / 2,
+            attempt=lambda: jobs.book.go,
+        )
         if self.settings.keepalive_s > 0:
             watch = liveness.Watch(spec.hosts, spec.rank, self.settings.keepalive_s)
-            self.keepalive = Keepalive(self.ctx, watch, self.jobs)
+            self.keepalive = Keepalive(self.ctx, watch, self.jobs, self.progress)
         if fanout.group(spec.rank, size, spec.nnodes):
             ctx = self.ctx
             self.relay = Relay(ctx, poke=lambda host, epoch: poke_host(ctx, host, epoch))
@@ -353,7 +365,9 @@ class Rendezvous(AsyncResource):
     def job_status(self) -> dict[str, object]:
         if self.jobs is None:
             return {"carried": False, "version": 0, "first": None, "stop": False}
-        return {"carried": self.keepalive is not None, **self.jobs.view()}
+        attempt = self.jobs.attempts.own().attempt
+        progress = None if self.progress is None else self.progress.view(attempt)
+        return {"carried": self.keepalive is not None, **self.jobs.view(), "progress": progress}
 
     def wake(self) -> None:
         """Cut a worker's join backoff short (mDNS saw the master change): re-join now."""

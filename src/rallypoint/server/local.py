@@ -1,5 +1,5 @@
 """The local API (loopback only by default): /env, /hostfile, /readyz, /livez, /status, /mesh,
-/metrics, and /job (what `rallypoint run` reports and waits on)."""
+/metrics, and /job (what `rallypoint run` reports and waits on, and its job's progress)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ def local_app(node: Rendezvous) -> web.Application:
             web.get("/metrics", metrics),
             web.get("/job", _job),
             web.post("/job", _job_report),
+            web.post("/job/progress", _progress_report),
         ],
     )
 
@@ -168,15 +169,32 @@ async def _job(request: web.Request) -> web.Response:
     return web.json_response(node.job_status(), headers=NO_STORE)
 
 
-async def _job_report(request: web.Request) -> web.Response:
-    """`rallypoint run` reports its job's start or end; the answer is the job view."""
-    node = request.app[NODE]
+def _refused(request: web.Request) -> web.Response | None:
+    """Why a report from `run` (POST /job, /job/progress) cannot be taken; None: it can."""
     # JSON only: a web page cannot send that without a CORS preflight, which nothing answers,
     # so no page a browser on this host opens can stop the cluster's job.
     if request.content_type != "application/json":
-        return error_response(415, "POST /job takes application/json", "bad_request")
-    if node.jobs is None:
+        return error_response(415, f"POST {request.path} takes application/json", "bad_request")
+    node = request.app[NODE]
+    if node.jobs is None or node.progress is None:
         return error_response(503, "the node list is not known yet (mDNS discovery)", "discovering")
+    return None
+
+
+async def _job_report(request: web.Request) -> web.Response:
+    """`rallypoint run` reports its job's start or end; the answer is the job view."""
+    node = request.app[NODE]
+    if (refused := _refused(request)) is not None or node.jobs is None:
+        return refused or web.Response(status=503)
     report = wirejobs.parse_report(await request.read())
     await node.jobs.report(report, settle_s=min(node.settings.keepalive_s or 1.0, 5.0))
     return web.json_response(node.job_status(), headers=NO_STORE)
+
+
+async def _progress_report(request: web.Request) -> web.Response:
+    """`rallypoint run` tells its job's latest progress mark; it rides the next keep-alive."""
+    node = request.app[NODE]
+    if (refused := _refused(request)) is not None or node.progress is None:
+        return refused or web.Response(status=503)
+    node.progress.mine(wirejobs.parse_progress(await request.read()))
+    return web.Response(status=204, headers=NO_STORE)

@@ -7,6 +7,8 @@ of them, with the total. Both are untrusted input, checked field by field.
 They also carry the supervised job (rendezvous/jobwatch.py): a keep-alive its sender's own
 job state, a relay's changed group states and, from the master or a relay, the first
 failure; an answer the first failure and, when the asker's copy is older, the job table.
+And the job's progress (rendezvous/progresswatch.py): a keep-alive its sender's last mark and
+a relay's group's new ones, an answer the cluster's summary (core/progress.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import msgspec
 
 from rallypoint.core.jobs import KEPT_ATTEMPTS, STATES, Go, JobState
 from rallypoint.core.liveness import MAX_AGE_S, MAX_DETAIL, Age, Down
+from rallypoint.core.progress import Mark, Summary
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import TOKEN_CHARS, Nodes, Rank, Session, at_most, one_of, text, within
 from rallypoint.wire import jobs as wirejobs
@@ -58,6 +61,9 @@ class Alive(msgspec.Struct, frozen=True):
     go: Go = -1
     #: Earlier attempts' first failures, for an upstream that restarted and lost them.
     firsts: Annotated[tuple[JobState, ...], at_most(KEPT_ATTEMPTS)] = ()
+    #: The sender's job's last progress mark, and a relay's members' new ones.
+    mark: Mark | None = None
+    marks: Annotated[tuple[Mark, ...], at_most(MAX_HEARD)] = ()
 
 
 class AliveAnswer(msgspec.Struct, frozen=True):
@@ -78,6 +84,8 @@ class AliveAnswer(msgspec.Struct, frozen=True):
     counts: dict[Annotated[str, one_of(STATES)], Nodes] = {}
     #: The attempt the answerer knows the cluster started last (-1: none).
     go: Go = -1
+    #: The cluster's progress in that attempt, as the master summed it up.
+    progress: Summary | None = None
 
 
 def encode_alive(alive: Alive) -> bytes:
@@ -99,6 +107,8 @@ def parse_alive(body: bytes) -> Alive:
     alive = load(body, Alive, MAX_ALIVE_BYTES, "keep-alive")
     if alive.job is not None and alive.job.rank != alive.rank:
         raise PeerMessageError("keep-alive: job.rank must be the sender's rank")
+    if alive.mark is not None and alive.mark.rank != alive.rank:
+        raise PeerMessageError("keep-alive: mark.rank must be the sender's rank")
     return msgspec.structs.replace(
         alive,
         host=host_name(alive.host, "keep-alive: host"),

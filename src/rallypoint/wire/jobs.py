@@ -13,6 +13,7 @@ from typing import Annotated
 import msgspec
 
 from rallypoint.core.jobs import MAX_DETAIL, REPORTED, Attempt, ExitCode, JobState, Signal, Time
+from rallypoint.core.progress import LocalRank, Phase, Step
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import at_most, one_of
 from rallypoint.wire.fields import dump, host_name, load
@@ -21,6 +22,8 @@ __all__ = ["MAX_DETAIL"]
 
 #: Largest local report accepted (a few small fields and a cause).
 MAX_REPORT_BYTES = 2048
+#: Largest local progress report accepted.
+MAX_PROGRESS_BYTES = 512
 #: Longest cause a report carries (the child's error file, as one line).
 MAX_CAUSE = 200
 
@@ -91,3 +94,25 @@ def parse_report(body: bytes) -> Report:
     if report.state in ("killed", "terminated") and report.signal is None:
         raise PeerMessageError(f"job report: a {report.state} job needs its signal (1-127)")
     return report
+
+
+class ProgressReport(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A new progress mark of `run`'s job (POST /job/progress), by the node's own clock."""
+
+    attempt: Attempt
+    #: The mark's time: the progress file's modification time, Unix seconds.
+    at: Time
+    step: Step | None = None
+    phase: Phase = ""
+    #: The local rank whose mark this is (the oldest of them), when each marks its own.
+    local_rank: LocalRank | None = None
+
+
+def encode_progress(report: ProgressReport) -> bytes:
+    """The JSON body of POST /job/progress."""
+    return dump(report)
+
+
+def parse_progress(body: bytes) -> ProgressReport:
+    """Validate a local progress report; PeerMessageError names the field at fault."""
+    return load(body, ProgressReport, MAX_PROGRESS_BYTES, "progress report")
