@@ -71,6 +71,7 @@ _FIRST = re.compile(
 _KINDS = ("STEP", "FAIL", "ERROR", "SIGTERM", "DONE", "STALL")
 #: What `run` prints when the cluster says stop, just before it signals the job's group.
 STOPPING_LINE = "rallypoint: stopping the job:"
+_BEHIND = re.compile(r"^rallypoint: (?P<host>\S+) \(rank \d+\) is behind: ")
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ class RunLog:
     first: FirstFailure | None = None
     #: Whether `run` printed STOPPING_LINE (the cluster told it to stop the job).
     stopping: bool = False
+    #: The host `run` said is behind after a stall ("HOST (rank N) is behind: ...").
+    behind: str | None = None
 
     @property
     def stopped(self) -> bool:
@@ -150,6 +153,7 @@ def parse_run(node: str, status: int | None, text: str) -> RunLog:
     """A node's `run` log: steps.py's stamped lines and `run`'s last first-failure line."""
     found: dict[str, list[dict[str, Any]]] = {kind: [] for kind in _KINDS}
     first: FirstFailure | None = None
+    behind: str | None = None
     for raw in text.splitlines():
         kind, _, rest = raw.partition(" ")
         if kind in found:
@@ -163,6 +167,8 @@ def parse_run(node: str, status: int | None, text: str) -> RunLog:
         parsed = parse_first(raw)
         if parsed is not None:
             first = parsed
+        elif (named := _BEHIND.match(raw.strip())) is not None:
+            behind = named["host"]
     fails, errors = found["FAIL"], found["ERROR"]
     terms, dones, stalls = found["SIGTERM"], found["DONE"], found["STALL"]
     return RunLog(
@@ -177,6 +183,7 @@ def parse_run(node: str, status: int | None, text: str) -> RunLog:
         stall_at=float(stalls[0]["at"]) if stalls else None,
         first=first,
         stopping=STOPPING_LINE in text,
+        behind=behind,
     )
 
 
@@ -255,6 +262,10 @@ def check(fault: JobFault, runs: Mapping[str, RunLog], t: float = 0.0) -> JobVer
                     f" (not {STALLED_EXIT_CODE}) or named nothing")  # fmt: skip
         elif culprit.first.host != culprit.node:
             violate("stop", culprit.node, f"hung, but names another: {culprit.first.line}")
+        else:
+            for run in runs.values():
+                if run.status is not None and run.behind != culprit.node:
+                    violate("blame", run.node, f"says {run.behind} is behind, not {culprit.node}")
     elif fault.kind == "job_outside" and culprit is not None and culprit.status != TERM_STATUS:
         violate("stop", culprit.node, f"its run, stopped from outside by SIGTERM, exited "
                 f"{_shown(culprit.status)}, not {TERM_STATUS}")  # fmt: skip

@@ -129,3 +129,23 @@ def test_a_job_that_keeps_progressing_is_never_stalled(
     master = next(node for node in cluster if node.name == "main1")
     marks = master.get("/job").json()["progress"]["nodes"]
     assert {(m["host"], m["step"]) for m in marks} == {(h, 15) for h in HOSTS}, marks
+
+
+def test_when_every_rank_stops_at_once_the_node_to_blame_is_said_to_be_unknown(
+    make_cluster: MakeCluster, torch_script: Any
+) -> None:
+    """Every rank hangs in step 3's data phase: their last marks (step 2, collective) are
+    milliseconds apart, against a phase of 0.5 s. Every node stops and exits 1, and says
+    that which node stopped first cannot be told instead of naming one."""
+    cluster = start(make_cluster)
+    runs = supervise(cluster, "--stall", "all:3")
+    codes, _ = ended(runs)
+    assert codes == dict.fromkeys(HOSTS, 1), (codes, cluster.logs())
+    for proc in runs.values():
+        log = proc.log()
+        assert "stalled at step 2 (collective), no progress for" in log, log
+        said = [x for x in log.splitlines() if "which node stopped first cannot be told" in x]
+        assert said and said[0].startswith("rallypoint: which node stopped first"), log
+        print(said[0])
+        assert "is behind" not in log, log
+    assert left_in(cluster) == []

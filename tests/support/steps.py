@@ -99,9 +99,9 @@ def main() -> int:
     parser.add_argument(
         "--stall",
         default=None,
-        type=lambda text: tuple(int(x) for x in text.split(":")),
+        type=lambda text: tuple(-1 if x == "all" else int(x) for x in text.split(":")),
         metavar="RANK:STEP",
-        help="that rank hangs in the data phase of STEP",
+        help="that rank (all: every rank) hangs in the data phase of STEP",
     )
     parser.add_argument(
         "--slow-save",
@@ -160,7 +160,7 @@ def main() -> int:
     expected = world * (world + 1) / 2
     tensor = torch.empty(max(1, int(args.mib * 2**20) // 4), dtype=torch.float32)
     for step in range(done + 1, args.steps):
-        if args.stall == (rank, step):
+        if args.stall in ((rank, step), (-1, step)):
             say("STALL", rank=rank, step=step)
             time.sleep(args.timeout)  # the batch never comes
         mark(step, "data")

@@ -170,6 +170,17 @@ def test_with_local_ranks_files_the_node_is_its_oldest_local_rank(tmp_path: Path
     )
 
 
+def test_the_time_between_two_marks_is_the_jobs_phase(tmp_path: Path) -> None:
+    path = tmp_path / "progress"
+    progress, _ = watch(path, every_s=None, first_s=None)
+    mark_at(path, "1 data", 200.0)
+    progress.look(now=200.1)
+    assert progress.period_s is None
+    mark_at(path, "1 collective", 200.5)
+    progress.look(now=200.6)
+    assert progress.period_s == 0.5
+
+
 def test_a_local_ranks_bad_file_is_said_once(tmp_path: Path) -> None:
     path = tmp_path / "progress"
     mark_at(path, "3", 100.0)

@@ -20,6 +20,7 @@ def log(
     sigterm: float | None = None,
     named: tuple[str, int] = ("sub2", 2),
     stopping: bool = True,
+    behind: str = "sub2 (rank 2)",
 ) -> supervised.RunLog:
     lines = [f'STEP {{"at": {100.0 + s}, "rank": 0, "step": {s}}}' for s in range(3)]
     if stall:
@@ -30,6 +31,7 @@ def log(
     if stopping:
         lines.append(f"rallypoint: stopping the job: {first}")
     lines.append(f"rallypoint: {first}; exit {status}")
+    lines.append(f"rallypoint: {behind} is behind: its last progress was step 2 (collective)")
     return supervised.parse_run(node, status, "\n".join(lines))
 
 
@@ -83,3 +85,13 @@ def test_a_checkpoint_round_stopped_by_a_stall_is_a_false_stop() -> None:
     verdict = supervised.check(fault, runs)
     assert verdict.false_stops == 1
     assert [v.invariant for v in verdict.violations] == ["false_stop"], verdict.violations
+
+
+def test_every_node_must_say_the_hung_rank_is_behind() -> None:
+    runs = {
+        "sub2": log("sub2", 1, stall=True, sigterm=109.2),
+        "main1": log("main1", 1, sigterm=109.3, behind="sub1 (rank 1)"),
+        "sub1": log("sub1", 1, sigterm=109.4),
+    }
+    found = [f"{v.node}: {v.detail}" for v in supervised.check(FAULT, runs).violations]
+    assert found == ["main1: job_stall: says sub1 is behind, not sub2"], found

@@ -174,6 +174,8 @@ class Watch:
         self.say = say
         #: The last mark read (None: no progress yet).
         self.last: Mark | None = None
+        #: Seconds between the last two marks read (None: fewer than two): the job's phase.
+        self.period_s: float | None = None
         self._warned = False
 
     def look(self, now: float | None = None) -> Stall | None:
@@ -187,6 +189,8 @@ class Watch:
                 self.say(f"rallypoint: warning: {RALLYPOINT_PROGRESS_FILE} {self.path} {exc}")
             mark = None
         if mark is not None and mark != self.last:
+            if self.last is not None and mark.at > self.last.at:
+                self.period_s = mark.at - self.last.at
             self.last = mark
         return self.stalled(now)
 
@@ -214,7 +218,7 @@ class Watch:
         self,
         stalled: Callable[[Stall], None],
         over: threading.Event,
-        marked: Callable[[Mark], None] = lambda mark: None,
+        marked: Callable[[Mark, float | None], None] = lambda mark, period_s: None,
     ) -> None:
         """Look at the file every POLL_S until ``over`` is set or the job stalled (then
         ``stalled`` hears of it, once); ``marked`` hears of each new mark."""
@@ -222,7 +226,7 @@ class Watch:
             before = self.last
             stall = self.look()
             if self.last is not None and self.last != before:
-                marked(self.last)
+                marked(self.last, self.period_s)
             if stall is not None:
                 stalled(stall)
                 return

@@ -30,14 +30,15 @@ class Publisher:
     def __init__(self, url: str, attempt: int) -> None:
         self.url = url
         self.attempt = attempt
-        self._latest: progressfile.Mark | None = None
+        self._latest: tuple[progressfile.Mark, float | None] | None = None
         self._new = threading.Event()
         #: The last mark the sidecar took.
         self.posted: progressfile.Mark | None = None
 
-    def offer(self, mark: progressfile.Mark) -> None:
-        """A new mark: posted at the next turn (a later one replaces it while it waits)."""
-        self._latest = mark
+    def offer(self, mark: progressfile.Mark, period_s: float | None = None) -> None:
+        """A new mark (``period_s`` after the one before): posted at the next turn (a later
+        one replaces it while it waits)."""
+        self._latest = (mark, period_s)
         self._new.set()
 
     def run(self, over: threading.Event) -> None:
@@ -46,15 +47,16 @@ class Publisher:
             if not self._new.wait(progressfile.POLL_S):
                 continue
             self._new.clear()
-            mark = self._latest
-            if mark is not None:
-                self.post(mark)
+            latest = self._latest
+            if latest is not None:
+                self.post(*latest)
             over.wait(PUBLISH_S)
 
-    def post(self, mark: progressfile.Mark) -> bool:
+    def post(self, mark: progressfile.Mark, period_s: float | None = None) -> bool:
         """Post ``mark`` once; whether the sidecar took it."""
+        period = None if period_s is None else round(min(period_s, 3.2e7), 6)
         report = wirejobs.ProgressReport(
-            self.attempt, mark.at, mark.step, mark.phase, mark.local_rank
+            self.attempt, mark.at, mark.step, mark.phase, mark.local_rank, period
         )
         try:
             client.report_progress(
@@ -70,7 +72,7 @@ class Publisher:
         its last step and ends within PUBLISH_S would otherwise show the step before)."""
         watch.look()
         if watch.last is not None and watch.last != self.posted:
-            self.post(watch.last)
+            self.post(watch.last, watch.period_s)
 
 
 def start(

@@ -7,11 +7,14 @@ master holds every node's. Every answer carries a summary of constant size (how 
 marked, the two oldest marks and the newest), so every node can say which node is behind
 without a table of N marks on each keep-alive.
 
-Marks are stamped on the master's clock. Whether the oldest mark is clearly the first to
-stop depends on how well the clocks are known: each mark carries its node's clock
-uncertainty (half the round trip of its best clock sample), and two marks in time closer
-than the sum of theirs cannot be ordered, unless their steps can: a node at an earlier step
-is behind whatever the clocks say.
+Marks are stamped on the master's clock. A node at an earlier step than every other is
+behind whatever the clocks say. At the same step, the oldest mark stands out only when it is
+older than the next one by more than (a) the two nodes' clock uncertainty (each mark carries
+half the round trip of its node's best clock sample), plus (b) how far the other nodes' last
+marks spread among themselves, and by at least (c) half a phase of the job (the time between
+the next node's last two marks): every rank of a synchronous job that stopped in the same
+collective marked it within a moment of the others, and which of them was a millisecond
+first says nothing. Otherwise the line says that it cannot be told.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ Phase = Annotated[str, text(rf"^(?:{PHASE_PATTERN})?\Z", "one word of letters, d
 LocalRank = Annotated[int, within(0, 1023)]
 #: A clock's uncertainty in seconds (half a round trip), at most an hour.
 Uncertainty = Annotated[float, within(0.0, 3600.0)]
+#: Seconds between two marks, at most a year.
+Period = Annotated[float, within(0.0, 3.2e7)]
 
 
 class Mark(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -46,6 +51,9 @@ class Mark(msgspec.Struct, frozen=True, omit_defaults=True):
     local_rank: LocalRank | None = None
     #: How far off ``at`` may be from the master's clock (half a clock round trip).
     error_s: Uncertainty = 0.0
+    #: Seconds from the node's mark before this one to this one (None: its first), as `run`
+    #: saw them: the length of the job's phase.
+    period_s: Period | None = None
 
 
 class Summary(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -115,22 +123,26 @@ def behind(summary: Summary | None, hosts: Sequence[str]) -> str:
     if summary is None or len(summary.oldest) < 2:
         return ""
     first, second = summary.oldest
-    gap = second.at - first.at
-    uncertain = first.error_s + second.error_s
+    newest = summary.newest or second
     name = _name(first, hosts)
     if first.step is not None and second.step is not None and first.step < second.step:
         return f"{name} is behind: its last progress was {where(first)}, every other node's later"
-    if gap > uncertain:
+    gap = second.at - first.at
+    bound = first.error_s + second.error_s + max(newest.at - second.at, 0.0)
+    half_phase = 0.0 if second.period_s is None else second.period_s / 2
+    if gap > bound and gap >= half_phase:
         return (
             f"{name} is behind: its last progress ({where(first)}) is {_ms(gap)} older than"
             " any other node's"
         )
-    newest = summary.newest or second
+    if gap <= bound:
+        why = f"within the clocks' uncertainty and the other nodes' spread ({_ms(bound)})"
+    else:
+        why = f"less than half a phase of the job ({_ms(half_phase)})"
     return (
         f"which node stopped first cannot be told: the two oldest marks ({name},"
-        f" {_name(second, hosts)}) are {_ms(gap)} apart, within the clocks' uncertainty of"
-        f" {_ms(uncertain)}; {summary.marked} nodes' last progress spans"
-        f" {_ms(newest.at - first.at)}"
+        f" {_name(second, hosts)}) are {_ms(gap)} apart, {why}; {summary.marked} nodes'"
+        f" last progress spans {_ms(newest.at - first.at)}"
     )
 
 
@@ -140,6 +152,8 @@ def _name(mark: Mark, hosts: Sequence[str]) -> str:
 
 
 def _ms(seconds: float) -> str:
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms"
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 

@@ -66,6 +66,7 @@ class ProgressWatch:
                 report.phase,
                 report.local_rank,
                 round(error, 6),
+                report.period_s,
             )
         )
 

@@ -13,7 +13,7 @@ from typing import Annotated
 import msgspec
 
 from rallypoint.core.jobs import MAX_DETAIL, REPORTED, Attempt, ExitCode, JobState, Signal, Time
-from rallypoint.core.progress import LocalRank, Phase, Step
+from rallypoint.core.progress import LocalRank, Period, Phase, Step
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import at_most, one_of
 from rallypoint.wire.fields import dump, host_name, load
@@ -106,6 +106,8 @@ class ProgressReport(msgspec.Struct, frozen=True, omit_defaults=True):
     phase: Phase = ""
     #: The local rank whose mark this is (the oldest of them), when each marks its own.
     local_rank: LocalRank | None = None
+    #: Seconds since the mark `run` read before this one (None: the first).
+    period_s: Period | None = None
 
 
 def encode_progress(report: ProgressReport) -> bytes:
