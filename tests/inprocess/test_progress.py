@@ -9,16 +9,21 @@ job's stall on namespace hosts is tests/multihost/test_stall.py's.
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from tests.support.cluster.inprocess import Cluster, ready_cluster, until
+from tests.support.env import child_env
 
 TOKEN = "progress-test-secret"
 #: A keep-alive every 0.2 s: a mark reaches the master within a moment.
 FAST = {"keepalive_s": 0.2}
+LOOP = Path(__file__).parents[2] / "docs" / "examples" / "train_loop.sh"
 
 
 def progress(c: Cluster, rank: int) -> dict[str, Any]:
@@ -92,3 +97,38 @@ async def test_a_later_mark_moves_on_and_bad_reports_change_nothing() -> None:
         assert (await post(c, 1, mark(2, now - 10))).status == 204  # older: kept out
         await until(lambda: progress(c, 1)["nodes"][0]["step"] == 4)
         assert [m["step"] for m in progress(c, 0)["nodes"]] == [4]
+
+
+async def test_the_shell_example_runs_to_its_end_and_every_nodes_last_step_is_shown() -> None:
+    """docs/examples/train_loop.sh under `run --stall-timeout 2` on two nodes: 12 steps of
+    0.1 s, never stalled; the master shows each node's last step, 12."""
+    async with ready_cluster(2, token=TOKEN, per_node={r: dict(FAST) for r in range(2)}) as c:
+        procs = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "rallypoint",
+                "run",
+                "--quiet",
+                "--timeout",
+                "60",
+                "--local-port",
+                c.local_url(rank, "").rsplit(":", 1)[1],
+                "--stall-timeout",
+                "2",
+                "--",
+                "sh",
+                str(LOOP),
+                "12",
+                env=child_env(),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            for rank in range(2)
+        ]
+        async with asyncio.timeout(60.0):
+            outs = [await proc.communicate() for proc in procs]
+        for proc, (stdout, stderr) in zip(procs, outs, strict=True):
+            assert proc.returncode == 0, stderr.decode()
+            assert "done after 12 steps" in stdout.decode()
+        await until(lambda: [m["step"] for m in progress(c, 0)["nodes"]] == [12, 12])

@@ -35,7 +35,7 @@ from tests.support.cluster.procs import Proc
 TOKEN = "campaign-test-secret"
 INVARIANTS = ("agreement", "monotonic", "convergence", "liveness", "job", "crash", "resources",
               "api", "stop", "false_stop", "done", "complete", "overlap", "world",
-              "attempt_agreement")  # fmt: skip
+              "attempt_agreement", "blame")  # fmt: skip
 #: Added to a lost node's bound (liveness, then `run`'s stop) for a loaded machine.
 LOST_SLACK_S = 3.0
 
