@@ -80,6 +80,10 @@ class Family:
             sample = self._samples[key] = Sample(self)
         return sample
 
+    def remove(self, *values: object) -> None:
+        """Drop the series of these label values (a peer that left has none)."""
+        self._samples.pop(tuple(str(value) for value in values), None)
+
     def inc(self, amount: float = 1) -> None:
         """Increment an unlabelled counter."""
         self._unlabelled().inc(amount)
@@ -237,11 +241,16 @@ class Metrics:
         self.peer_up = gauge(
             "rallypoint_peer_up",
             "1 while a peer answers keep-alives (directly or as the master reports), 0 once "
-            "named down; above 256 nodes only peers that were down have a series",
+            "named down, no series once it left; above 256 nodes only peers that were down "
+            "have a series",
             "peer",
         )
         self.peers_down = gauge(
             "rallypoint_peers_down", "How many peers this node names down right now"
+        )
+        self.peers_left = gauge(
+            "rallypoint_peers_left",
+            "How many peers left on purpose (their sidecar said goodbye) and were not heard since",
         )
         self.jobs = gauge(
             "rallypoint_jobs",

@@ -158,8 +158,10 @@ class Sidecar(AsyncResource):
             [] if node.book is None else [reason.code for reason in node.book.verdict.link_warnings]
         )
 
-    async def stop(self) -> None:
-        """Readiness 503 first, then the mDNS goodbye, then close everything within the grace."""
+    async def stop(self, *, goodbye: bool = True) -> None:
+        """Readiness 503 first, then the goodbyes (to the nodes this one keeps alive with,
+        and mDNS's), then close everything within the grace. ``goodbye=False`` leaves as a
+        crash would: the others name this node down."""
         stack, self._stack = self._stack, None
         if stack is None:
             return
@@ -170,6 +172,8 @@ class Sidecar(AsyncResource):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
             async with asyncio.timeout(self.settings.shutdown_grace_s):
+                if goodbye and self._node is not None:
+                    await self._node.goodbye()
                 if self._mdns is not None:
                     await self._mdns.close()
                 await stack.aclose()

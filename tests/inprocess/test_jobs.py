@@ -42,6 +42,12 @@ def job(sidecar: Sidecar) -> dict[str, Any]:
     return section
 
 
+def liveness(sidecar: Sidecar) -> dict[str, Any]:
+    section = sidecar.node.status()["liveness"]
+    assert isinstance(section, dict)
+    return section
+
+
 async def report(sidecar: Sidecar, state: str, **fields: Any) -> None:
     jobs = sidecar.node.jobs
     assert jobs is not None
@@ -108,6 +114,8 @@ async def test_the_first_failure_is_the_earliest_one_everywhere() -> None:
 
 
 async def test_a_lost_node_whose_job_ran_stops_the_others() -> None:
+    """Its sidecar stops (SIGTERM) while its job runs: a node that may be going down says no
+    goodbye, and silence names it lost."""
     async with ready_cluster(4, token=TOKEN, per_node=per_node(4)) as c:
         await all_running(c)
         await c.stop(2)
@@ -116,6 +124,7 @@ async def test_a_lost_node_whose_job_ran_stops_the_others() -> None:
             seen = first(sidecar)
             assert seen is not None and seen["state"] == "lost" and seen["host"] == "node2"
             assert "nothing heard" in seen["detail"] and "refused" in seen["detail"]
+            assert liveness(sidecar)["left"] == []
         assert c.nodes[1].metrics.value("rallypoint_job_failures_total", cause="lost") == 1
 
 
@@ -180,19 +189,36 @@ async def test_a_node_cut_off_is_named_lost_first_and_its_own_failure_waits_for_
 
 
 @pytest.mark.parametrize("leaving", [0, 2])
-async def test_a_node_done_then_gone_stops_nothing(leaving: int) -> None:
+async def test_a_node_done_then_gone_with_a_goodbye_is_left_never_down(leaving: int) -> None:
+    """Its job ended 0, then its sidecar stops (SIGTERM): every other node shows it left,
+    never down however long it stays away, and has no peer_up series for it."""
     async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
         await all_running(c)
         await report(c.nodes[leaving], "exited", code=0)
         await c.stop(leaving)
-        others = [s for r, s in c.nodes.items()]
-        # Past the liveness bound (0.8 s) several times over: named down, never lost.
+        others = list(c.nodes.values())
         await until(
-            lambda: all(
-                any(d["rank"] == leaving for d in s.node.status()["liveness"]["down"])  # type: ignore[index]
-                for s in others
-            )
+            lambda: all(leaving in [x["rank"] for x in liveness(s)["left"]] for s in others)
         )
+        await asyncio.sleep(1.5)  # past the liveness bound (0.8 s) twice over
+        for sidecar in others:
+            assert [x["host"] for x in liveness(sidecar)["left"]] == [f"node{leaving}"]
+            assert liveness(sidecar)["down"] == [], liveness(sidecar)
+            text = sidecar.node.metrics.render().decode()
+            assert f'rallypoint_peer_up{{peer="node{leaving}"}}' not in text
+            assert "rallypoint_peers_left 1.0" in text
+            assert first(sidecar) is None and job(sidecar)["stop"] is False
+            assert job(sidecar)["counts"]["exited"] == 1
+
+
+async def test_a_node_done_then_gone_without_a_goodbye_is_down_and_stops_nothing() -> None:
+    async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
+        await all_running(c)
+        await report(c.nodes[2], "exited", code=0)
+        await c.kill(2)
+        others = list(c.nodes.values())
+        # Past the liveness bound (0.8 s): named down, never lost.
+        await until(lambda: all(2 in [d["rank"] for d in liveness(s)["down"]] for s in others))
         await asyncio.sleep(1.0)
         for sidecar in others:
             assert first(sidecar) is None and job(sidecar)["stop"] is False

@@ -1,8 +1,9 @@
 """After ready: a node that stops answering is named on every other node, and cleared on return.
 
-In-process nodes on loopback: a stopped sidecar's peer port refuses connections, so the
-cause the master finds is "refused". Paused and cut-off nodes are the multi-host tier's
-(tests/multihost/test_liveness.py).
+In-process nodes on loopback: a sidecar stopped without a goodbye (Cluster.kill, as a crash)
+leaves its peer port refusing connections, so the cause the master finds is "refused". One
+stopped with its goodbye (Cluster.stop, as SIGTERM) is shown left, never down. Paused and
+cut-off nodes are the multi-host tier's (tests/multihost/test_liveness.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ def down(sidecar: Sidecar) -> dict[str, dict[str, Any]]:
     return {d["host"]: d for d in section["down"]}
 
 
+def left(sidecar: Sidecar) -> list[str]:
+    """The hosts in this node's /status liveness.left."""
+    section = sidecar.node.status()["liveness"]
+    assert isinstance(section, dict)
+    return [x["host"] for x in section["left"]]
+
+
 def named_everywhere(c: Cluster, host: str, *, but: int) -> bool:
     return all(host in down(s) for r, s in c.nodes.items() if r != but)
 
@@ -45,7 +53,7 @@ def per_node(n: int, **extra: object) -> dict[int, dict[str, object]]:
 async def test_a_dead_worker_is_named_everywhere_and_cleared_when_back() -> None:
     async with ready_cluster(4, token=TOKEN, per_node=per_node(4)) as c:
         before = {r: s.node.readiness.env for r, s in c.nodes.items()}
-        await c.stop(2)
+        await c.kill(2)
         await until(lambda: named_everywhere(c, "node2", but=2))
         master = down(c.nodes[0])["node2"]
         assert master["cause"] == "refused", master
@@ -92,7 +100,7 @@ async def test_the_down_list_and_the_warnings_are_one_verdict() -> None:
     # /status's liveness.down and its warnings come from the same verdict: a node heard
     # again is not cleared in one while the other still names it (nor named in one first).
     async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
-        await c.stop(2)
+        await c.kill(2)
         assert await sample_until(c, lambda: named_everywhere(c, "node2", but=2)) > 0
         await c.start(2)
         await all_ready(c)
@@ -101,7 +109,7 @@ async def test_the_down_list_and_the_warnings_are_one_verdict() -> None:
 
 async def test_a_dead_master_is_named_by_every_worker_itself() -> None:
     async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
-        await c.stop(0)
+        await c.kill(0)
         await until(lambda: named_everywhere(c, "node0", but=0))
         for rank in (1, 2):
             entry = down(c.nodes[rank])["node0"]
@@ -117,13 +125,13 @@ async def test_in_a_tree_a_dead_relay_and_a_dead_member_are_named() -> None:
     # Groups of 2 over 5 ranks: the master serves rank 1; rank 2 relays for rank 3; rank 4
     # relays for nobody.
     async with ready_cluster(5, token=TOKEN, per_node=per_node(5, relay_group_size=2)) as c:
-        await c.stop(3)  # heard of by the master only through relay 2's keep-alives
+        await c.kill(3)  # heard of by the master only through relay 2's keep-alives
         await until(lambda: named_everywhere(c, "node3", but=3))
         assert down(c.nodes[0])["node3"]["cause"] == "refused"
         await c.start(3)
         await all_ready(c)
         await until(lambda: nobody_down(c))
-        await c.stop(2)  # the relay: its member goes around it and names it itself
+        await c.kill(2)  # the relay: its member goes around it and names it itself
         await until(lambda: named_everywhere(c, "node2", but=2))
         assert down(c.nodes[3])["node2"]["seen_by"] == "node3"
         assert "node0" not in down(c.nodes[3])
@@ -132,10 +140,43 @@ async def test_in_a_tree_a_dead_relay_and_a_dead_member_are_named() -> None:
         await until(lambda: nobody_down(c))
 
 
+async def test_a_node_that_says_goodbye_is_left_everywhere_never_down_and_back_on_return() -> None:
+    """In a tree (rank 3 in relay 2's group): a member's goodbye reaches the master through
+    its relay, the relay's and a worker's reach their upstream, and every other node shows
+    each as left, past the bound; a node started again is watched again."""
+    async with ready_cluster(5, token=TOKEN, per_node=per_node(5, relay_group_size=2)) as c:
+        for leaving in (3, 4):
+            await c.stop(leaving)
+            host = f"node{leaving}"
+            await until(lambda h=host: all(h in left(s) for s in c.nodes.values()))  # type: ignore[misc]
+        await asyncio.sleep(1.2)  # past the 0.8 s bound (1.0 s for an upstream)
+        for sidecar in c.nodes.values():
+            assert left(sidecar) == ["node3", "node4"] and not down(sidecar)
+        for leaving in (3, 4):
+            await c.start(leaving)
+        await all_ready(c)
+        await until(lambda: all(not left(s) for s in c.nodes.values()))
+        await c.kill(3)  # back, watched again: a crash now is named down as ever
+        await until(lambda: named_everywhere(c, "node3", but=3))
+        assert "node3" not in left(c.nodes[0])
+
+
+async def test_an_unsigned_goodbye_is_refused_and_changes_nothing() -> None:
+    async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
+        body = b'{"session": "sess-1", "rank": 2, "host": "node2", "leaving": true}'
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(c.peer_url(0, "/v1/alive"), data=body) as answer,
+        ):
+            assert answer.status == 401, await answer.text()
+        await asyncio.sleep(0.5)  # past two keep-alives of node2's
+        assert left(c.nodes[0]) == [] and not down(c.nodes[0])
+
+
 async def test_keepalive_off_has_no_watch() -> None:
     async with ready_cluster(2, per_node=per_node(2, keepalive_s=0.0)) as c:
         section = c.nodes[1].node.status()["liveness"]
-        assert section == {"enabled": False, "watching": False, "down": []}
+        assert section == {"enabled": False, "watching": False, "left": [], "down": []}
 
 
 async def test_bad_keepalives_are_refused_with_one_line() -> None:
@@ -158,7 +199,7 @@ async def test_bad_keepalives_are_refused_with_one_line() -> None:
 
 async def test_a_keepalive_is_answered_as_documented_with_who_is_down() -> None:
     async with ready_cluster(3, per_node=per_node(3)) as c:
-        await c.stop(2)
+        await c.kill(2)
         await until(lambda: "node2" in down(c.nodes[0]))
         body = b'{"session": "sess-1", "rank": 1, "host": "node1", "heard": [[2, 0.5]]}'
         async with (

@@ -79,7 +79,7 @@ def test_a_healthy_cluster_fires_nothing_and_warns_of_nothing(
 
 # It asserts that nothing but the peer-down alert fires: the clean links must measure clean.
 @pytest.mark.quiet_machine
-def test_a_node_killed_after_ready_fires_the_peer_down_alert(
+def test_a_node_that_leaves_fires_nothing_and_one_killed_fires_the_peer_down_alert(
     make_monitored: MakeMonitored,
 ) -> None:
     cluster, prometheus = make_monitored(HOSTS)
@@ -87,6 +87,15 @@ def test_a_node_killed_after_ready_fires_the_peer_down_alert(
     cluster.wait_all_ready(READY_S)
     settle(prometheus, len(HOSTS))
     assert prometheus.alerts() == []
+    # sub1's sidecar stops on purpose (SIGTERM, as when its container ends): it says goodbye
+    # and is shown left, and over the same wait as sub2's alert, nothing fires for it.
+    sidecar = cluster["sub1"].sidecar
+    assert sidecar is not None
+    sidecar.stop()
+    wait_for(
+        lambda: [x["host"] for x in cluster["main1"].status()["liveness"]["left"]] == ["sub1"],
+        timeout_s=10.0, what="sub1 shown left on the master",
+    )  # fmt: skip
     killed = time.monotonic()
     cluster["sub2"].kill_sidecar()
     bound_s = NAMED_S + 2 * prometheus.interval_s + PEER_DOWN_FOR_S
@@ -100,9 +109,13 @@ def test_a_node_killed_after_ready_fires_the_peer_down_alert(
     (alert,) = fired
     assert alert["labels"]["peer"] == "sub2"
     assert alert["annotations"]["summary"] == "peer sub2 is down"
-    assert alert["annotations"]["description"].startswith("2 node(s) name sub2 down")
+    assert alert["annotations"]["description"].startswith("1 node(s) name sub2 down")
     names = {a["labels"]["alertname"] for a in prometheus.alerts()}
     assert names == {"RallypointPeerDown"}, prometheus.alerts()
+    assert prometheus.query('rallypoint_peer_up{peer="sub1"}') == []
+    liveness = cluster["main1"].status()["liveness"]
+    assert [x["host"] for x in liveness["left"]] == ["sub1"], liveness
+    assert [x["host"] for x in liveness["down"]] == ["sub2"], liveness
 
 
 def test_a_shaped_link_fires_the_slow_link_alert(make_monitored: MakeMonitored) -> None:

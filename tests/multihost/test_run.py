@@ -200,18 +200,25 @@ def test_a_node_stopped_from_outside_stops_the_others_with_the_requeue_status(
         assert "sub1 (rank 1) stopped from outside by SIGTERM" in line, line
 
 
-def test_healthy_jobs_end_0_and_a_done_node_leaving_stops_nobody(
+def test_healthy_jobs_end_0_and_done_nodes_leaving_or_vanishing_stop_nobody(
     make_cluster: MakeCluster, torch_script: Any
 ) -> None:
     cluster = start(make_cluster)
     # sub1 writes its "checkpoint" for 3 liveness bounds after the last collective, while
-    # every other node is done and its whole node (sidecar included) goes away.
+    # every other node is done and goes away: sub2's container ends (SIGTERM: its sidecar
+    # says goodbye), main1's whole node vanishes (SIGKILL: no goodbye).
     linger = str(3 * 5 * INTERVAL_S)
     runs = supervise(cluster, "--steps", "4", "--linger-rank", "1", "--linger-s", linger)
     try:
         done = ends(runs, ("main1", "sub2"), RUNNING_S)
-        for name in ("main1", "sub2"):
-            cluster[name].kill_sidecar()
+        sidecar = cluster["sub2"].sidecar
+        assert sidecar is not None
+        sidecar.stop()
+        wait_for(
+            lambda: [x["host"] for x in cluster["sub1"].status()["liveness"]["left"]] == ["sub2"],
+            timeout_s=10.0, what="sub2 shown left on sub1",
+        )  # fmt: skip
+        cluster["main1"].kill_sidecar()
         lingering = ends(runs, ("sub1",), RUNNING_S)
     finally:
         for proc in runs.values():
@@ -221,6 +228,10 @@ def test_healthy_jobs_end_0_and_a_done_node_leaving_stops_nobody(
     assert lines(runs["sub1"], "DONE") and not lines(runs["sub1"], "SIGTERM")
     status = cluster["sub1"].get("/job").json()
     assert status["first"] is None, status
+    liveness = cluster["sub1"].status()["liveness"]
+    # Left is shown as left; the vanished master, done, is down but not lost.
+    assert [x["host"] for x in liveness["left"]] == ["sub2"], liveness
+    assert [x["host"] for x in liveness["down"]] == ["main1"], liveness
 
 
 def test_the_same_command_run_again_after_a_failure_completes_on_every_node(

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from rallypoint.cli.status import format_status
 from rallypoint.core.jobs import JobState
 from rallypoint.core.liveness import Down, Watch, status, warning
 from rallypoint.errors import PeerMessageError
@@ -199,6 +200,65 @@ def test_status_and_warning_name_who_since_and_why() -> None:
     ]  # fmt: skip
     line = warning(w.view()[0])
     assert line.startswith("a (rank 1) is down") and "timed out" in line and "\n" not in line
+
+
+def test_a_rank_that_said_goodbye_is_left_never_down_until_heard_again() -> None:
+    w, clock = watch()
+    w.track([1, 2])
+    clock.now += 1.0
+    w.leave(2)
+    w.heard(2)  # its last keep-alive, sent before the goodbye, arriving after it
+    clock.now += 10.0  # far past the bound
+    w.heard(1)
+    assert w.view() == [] and w.to_check() == [] and w.unsettled_s() == 0.0
+    assert w.left() == {2: pytest.approx(10.0)}
+    assert w.next_change_s() == pytest.approx(4.0)  # rank 1's bound only
+    w.heard(2)  # a restarted sidecar: watched again
+    assert w.left() == {}
+    clock.now += 4.5
+    assert [d.rank for d in w.view()] == [1, 2]
+
+
+def test_a_goodbye_from_an_unwatched_rank_changes_nothing() -> None:
+    w, _ = watch()
+    w.track([1])
+    w.leave(3)
+    assert w.left() == {} and w.watched == {1}
+
+
+def test_the_upstreams_left_nodes_are_shown_and_not_named_down() -> None:
+    w, clock = watch(rank=3)
+    w.track([0], upstream=[0])
+    w.upstream(0, [Down(1, "a", 5.0, "refused", "x", "m")], left=[2, 3])
+    clock.now += 1.0
+    assert w.left() == {2: pytest.approx(1.0)}  # never ourselves
+    assert [d.rank for d in w.view()] == [1]
+
+
+def test_status_lists_the_nodes_that_left() -> None:
+    w, clock = watch()
+    w.track([1])
+    w.leave(1)
+    clock.now += 20.0
+    section = status(w, w.view(), wall=lambda: 1000.0)
+    assert section["left"] == [{"rank": 1, "host": "a", "since": 980.0, "for_s": 20.0}]
+    assert section["down"] == []
+    lines = format_status({"ready": True, "liveness": section}).splitlines()
+    assert lines[-2:] == [
+        "left:",
+        "  - a (rank 1) said goodbye 20 s ago (its sidecar stopped on purpose; not down)",
+    ]
+
+
+def test_goodbye_fields_round_trip_and_are_bounded() -> None:
+    alive = wirealive.Alive("s", 2, "b", leaving=True, left=(3, 4))
+    assert wirealive.parse_alive(wirealive.encode_alive(alive)) == alive
+    answer = wirealive.AliveAnswer("s", 0, (), 0, left=(1, 2))
+    assert wirealive.parse_answer(wirealive.encode_answer(answer)).left == (1, 2)
+    with pytest.raises(PeerMessageError, match=r"keep-alive: .*\$\.left"):
+        wirealive.parse_alive(b'{"session": "s", "rank": 1, "host": "b", "left": [-1]}')
+    with pytest.raises(PeerMessageError, match=r"keep-alive: .*\$\.leaving"):
+        wirealive.parse_alive(b'{"session": "s", "rank": 1, "host": "b", "leaving": "yes"}')
 
 
 def test_codec_round_trips() -> None:

@@ -124,9 +124,12 @@ def format_status(doc: Mapping[str, Any], *, explain: bool = False, show_all: bo
         columns = [c for c in _PEER_COLUMNS if any(peer.get(c) is not None for peer in peers)]
         rows = [[cell(peer.get(c)) for c in columns] for peer in peers]
         out += ["", table([c.upper() for c in columns], rows)]
+    liveness = doc.get("liveness") if isinstance(doc.get("liveness"), dict) else {}
+    assert isinstance(liveness, dict)
     sections = {
         "reasons": [_reason(r) for r in doc.get("reasons") or ()],
         "warnings": [cell(w) for w in doc.get("warnings") or ()],
+        "left": [_left(x) for x in liveness.get("left") or () if isinstance(x, dict)],
         "overrides": [_override(o) for o in doc.get("overrides") or ()],
     }
     for title, items in sections.items():
@@ -193,6 +196,13 @@ def _mark(mark: Mapping[str, Any] | None) -> str:
     age = mark.get("age_s")
     ago = f", {age:.1f} s ago" if isinstance(age, int | float) else ""
     return f", {mark.get('where')}{ago}"
+
+
+def _left(node: Mapping[str, Any]) -> str:
+    """sub3 (rank 3) said goodbye 20 s ago (its sidecar stopped on purpose)."""
+    for_s = node.get("for_s")
+    ago = f" {for_s:.0f} s ago" if isinstance(for_s, int | float) else ""
+    return f"{_who(node)} said goodbye{ago} (its sidecar stopped on purpose; not down)"
 
 
 def _failure(first: Mapping[str, Any]) -> str:

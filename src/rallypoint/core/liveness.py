@@ -9,6 +9,10 @@ So when the link between a node and its upstream is cut, the upstream, which can
 else, names the node first, and the cut-off node's verdict (which stops its own job) comes
 after the cluster's. What a node names is its own findings plus its upstream's last answer,
 so every node learns within an interval what the master found.
+
+A node that stops on purpose (its sidecar got SIGTERM) says goodbye first: it has *left*. A
+node that left is not watched until it is heard again (a restarted sidecar), is never named
+down, and every node learns it from its upstream's answers as it learns who is down.
 """
 
 from __future__ import annotations
@@ -95,6 +99,10 @@ class Watch:
         self._upstream: tuple[int, tuple[Down, ...], float] = (-1, (), 0.0)
         #: Whether watching began (after this node's first ready).
         self.started = False
+        #: The watched ranks that said goodbye, and when (this node's clock).
+        self._left: dict[int, float] = {}
+        #: The ranks the upstream's last answer says left.
+        self._upstream_left: frozenset[int] = frozenset()
 
     def track(self, ranks: Iterable[int], upstream: Iterable[int] = ()) -> None:
         """Watch exactly ``ranks`` and ``upstream`` (this node's relay or master) from now on;
@@ -127,10 +135,39 @@ class Watch:
         # live member is heard by its relay every interval). Else the relay's keep-alives
         # would wipe the cause our own check found and keep the silence from growing.
         news = at - last >= self.interval_s / 2 if age_s > 0 else at > last
+        left = self._left.get(rank)
+        if left is not None and at - left < self.interval_s / 2:
+            return  # a word sent before its goodbye, arriving after it
         if news:
             self._heard[rank] = at
             self._failure.pop(rank, None)
             self._named.pop(rank, None)
+            self._left.pop(rank, None)
+
+    def leave(self, rank: int) -> None:
+        """``rank`` said goodbye: it is not watched until it is heard again."""
+        if rank in self._heard:
+            now = self._clock()
+            self._left[rank] = now
+            self._heard[rank] = now
+            self._failure.pop(rank, None)
+            self._named.pop(rank, None)
+
+    def left(self) -> dict[int, float]:
+        """Every rank known to have left and not heard since, by rank, with seconds since
+        (for a goodbye the upstream passed on: since its answer)."""
+        now = self._clock()
+        out = {rank: now - at for rank, at in self._left.items()}
+        _, _, answered = self._upstream
+        for rank in self._upstream_left:
+            if rank not in out and rank != self.rank and not self._is_heard(rank):
+                out[rank] = now - answered
+        return dict(sorted(out.items()))
+
+    def _is_heard(self, rank: int) -> bool:
+        """Whether ``rank`` is watched here, has not left, and was heard within its bound."""
+        at = self._heard.get(rank)
+        return at is not None and rank not in self._left and self._clock() - at < self.bound_s(rank)
 
     def failed(self, rank: int, cause: str, detail: str) -> None:
         """An attempt to reach ``rank`` failed (it counts as silence, with its cause)."""
@@ -160,7 +197,9 @@ class Watch:
     def to_check(self) -> list[int]:
         """Watched ranks silent for CHECK_AFTER intervals: worth a keep-alive of our own."""
         now, limit = self._clock(), CHECK_AFTER * self.interval_s
-        return [r for r, at in sorted(self._heard.items()) if now - at >= limit]
+        return [
+            r for r, at in sorted(self._heard.items()) if now - at >= limit and r not in self._left
+        ]
 
     def bound_s(self, rank: int) -> float:
         """Seconds of silence before ``rank`` is named down from here."""
@@ -185,7 +224,7 @@ class Watch:
     def next_change_s(self) -> float | None:
         """Seconds until the next watched rank's silence reaches its bound (None: none left)."""
         now = self._clock()
-        left = [self._named_at(r, at) - now for r, at in self._heard.items()]
+        left = [self._named_at(r, at) - now for r, at in self._watching()]
         ahead = [s for s in left if s >= 0]
         return min(ahead) if ahead else None
 
@@ -198,18 +237,24 @@ class Watch:
         job's failure for the first one (docs/run.md).
         """
         now, missed = self._clock(), MISSED_AFTER * self.interval_s
-        left = [self._named_at(r, at) - now for r, at in self._heard.items() if now - at >= missed]
+        left = [self._named_at(r, at) - now for r, at in self._watching() if now - at >= missed]
         return max([0.0, *left])
 
-    def upstream(self, rank: int, downs: Sequence[Down]) -> None:
-        """The answer of our upstream ``rank``: the nodes it names down."""
+    def _watching(self) -> list[tuple[int, float]]:
+        """(rank, last heard) of the watched ranks that have not left."""
+        return [(r, at) for r, at in self._heard.items() if r not in self._left]
+
+    def upstream(self, rank: int, downs: Sequence[Down], left: Iterable[int] = ()) -> None:
+        """The answer of our upstream ``rank``: the nodes it names down, and those it knows
+        left."""
         self._upstream = (rank, tuple(downs), self._clock())
+        self._upstream_left = frozenset(left)
 
     def own(self) -> list[Down]:
         """The watched ranks silent past the bound (see _named_at), by rank."""
         now = self._clock()
         out = []
-        for rank, at in sorted(self._heard.items()):
+        for rank, at in sorted(self._watching()):
             if now > self._named_at(rank, at):
                 cause, detail = self._named.get(rank, ("silent", ""))
                 if cause == "silent":
@@ -232,7 +277,7 @@ class Watch:
             downs = ()
         aged = self._clock() - at
         for down in downs:
-            if down.rank == self.rank or down.rank >= len(self.hosts):
+            if down.rank == self.rank or down.rank >= len(self.hosts) or down.rank in self._left:
                 continue
             mine = own.get(down.rank)
             if mine is not None and mine.cause != "silent":
@@ -258,7 +303,7 @@ def status(
     """The /status section: the bound, what is watched, and ``downs``, the nodes the last
     verdict named down (the same verdict the warnings, the gauges and the log show)."""
     if watch is None:
-        return {"enabled": False, "watching": False, "down": []}
+        return {"enabled": False, "watching": False, "left": [], "down": []}
     now = wall()
     return {
         "enabled": True,
@@ -267,6 +312,15 @@ def status(
         "down_after_s": watch.down_after_s,
         "upstream_down_after_s": watch.upstream_down_after_s,
         "watched": len(watch.watched),
+        "left": [
+            {
+                "rank": rank,
+                "host": watch.hosts[rank],
+                "since": round(now - for_s, 3),
+                "for_s": round(for_s, 3),
+            }
+            for rank, for_s in watch.left().items()
+        ],
         "down": [
             {
                 "rank": d.rank,

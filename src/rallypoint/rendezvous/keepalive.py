@@ -65,6 +65,8 @@ class Keepalive:
         #: The last verdict: every node it named down, and when it was taken (monotonic).
         self._named: dict[int, Down] = {}
         self._named_at = time.monotonic()
+        #: The nodes the last verdict knew left.
+        self._left: set[int] = set()
         self._interval = watch.interval_s
         self._up = asyncio.Event()
         self._down = asyncio.Event()
@@ -133,11 +135,7 @@ class Keepalive:
 
     async def _pushes(self) -> None:
         """Push the first failure (and our own job's end) down as soon as they are known."""
-        spec = self.ctx.spec
-        if spec.is_master:
-            downstream = [r for r in range(1, spec.nnodes) if fanout.relay_of(r, self.size) is None]
-        else:
-            downstream = list(self.group)
+        downstream = self._downstream()
         limit = asyncio.Semaphore(MAX_PUSHES)
 
         async def push(rank: int, body: bytes) -> None:
@@ -175,11 +173,18 @@ class Keepalive:
                 f"keep-alive from {alive.host} as rank {alive.rank}, which this node's spec "
                 "does not list; give every node the same node list",
             )
-        self.watch.heard(alive.rank)
         group = fanout.group(alive.rank, self.size, spec.nnodes)
+        if alive.leaving:
+            self.watch.leave(alive.rank)
+            log.info("peer_left", extra={"rank": alive.rank, "host": alive.host})
+        else:
+            self.watch.heard(alive.rank)
         for rank, age_s in alive.heard:
             if rank in group:
                 self.watch.heard(rank, age_s)
+        for rank in alive.left:
+            if rank in group:
+                self.watch.leave(rank)
         await self.jobs.from_peer(alive, upstream=alive.rank in (0, self.relay))
         self.progress.from_peer(alive)
         view = self.watch.view()
@@ -189,8 +194,44 @@ class Keepalive:
             tuple(view[: wirealive.MAX_DOWN]),
             len(view),
             progress=self.progress.summary(),
+            left=tuple(self.watch.left())[: wirealive.MAX_DOWN],
         )
         return self.jobs.with_jobs(down, alive.jobs_seen)
+
+    async def goodbye(self, timeout_s: float) -> None:
+        """This sidecar stops on purpose: tell the nodes it keeps alive with (its upstream,
+        and the ranks it pushes to), so that they show it as left, not lost. Not while its
+        job still runs: then its node may be going down, and silence names it lost."""
+        spec, own = self.ctx.spec, self.jobs.book.state(self.ctx.spec.rank)
+        if own.state in ("starting", "running"):
+            log.info("goodbye_skipped", extra={"job": own.state})
+            return
+        upstream = [] if spec.is_master else [self._upstream()]
+        alive = wirealive.Alive(
+            spec.session,
+            spec.rank,
+            spec.host,
+            job=None if own.state == "waiting" else own,
+            leaving=True,
+            go=self.jobs.book.go,
+        )
+        body, limit = wirealive.encode_alive(alive), asyncio.Semaphore(MAX_PUSHES)
+
+        async def tell(rank: int) -> None:
+            async with limit:
+                await self._send(rank, body, timeout_s)
+
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(tell(r) for r in [*upstream, *self._downstream()]))
+        log.info("goodbye_sent", extra={"to": len(upstream) + len(self._downstream())})
+
+    def _downstream(self) -> list[int]:
+        """The ranks this node pushes to: the master's direct ranks, a relay's group."""
+        spec = self.ctx.spec
+        if spec.is_master:
+            return [r for r in range(1, spec.nnodes) if fanout.relay_of(r, self.size) is None]
+        return list(self.group)
 
     def named(self) -> list[Down]:
         """The nodes the last verdict named down, aged to now: what /status shows, so that
@@ -221,6 +262,7 @@ class Keepalive:
             firsts=tuple(firsts),
             mark=mark,
             marks=marks,
+            left=tuple(r for r in self.watch.left() if r in self.group),
         )
         return wirealive.encode_alive(alive), changed, marks
 
@@ -279,7 +321,7 @@ class Keepalive:
                 continue
             self.watch.heard(rank)
             if upstream:
-                self.watch.upstream(rank, answer.down)
+                self.watch.upstream(rank, answer.down, answer.left)
                 self.progress.from_upstream(answer)
                 await self.jobs.from_upstream(answer)
             return True
@@ -307,11 +349,20 @@ class Keepalive:
         for rank, down in self._named.items():
             if rank not in view:
                 log.info("peer_up", extra={"rank": rank, "host": down.host})
+        left = self.watch.left()
+        for rank in left.keys() - self._left:
+            log.info("peer_left", extra={"rank": rank, "host": spec.hosts[rank]})
+        self._left = set(left)
         everyone = spec.nnodes <= GAUGE_ALL_NODES
-        for rank in range(spec.nnodes) if everyone else {*view, *self._named}:
-            if rank != spec.rank:
+        for rank in range(spec.nnodes) if everyone else {*view, *self._named, *left}:
+            if rank == spec.rank:
+                continue
+            if rank in left:
+                metrics.peer_up.remove(spec.hosts[rank])  # no series: no down alert for it
+            else:
                 metrics.peer_up.labels(spec.hosts[rank]).set(0 if rank in view else 1)
         metrics.peers_down.set(len(view))
+        metrics.peers_left.set(len(left))
         self._named, self._named_at = view, time.monotonic()
         self.ctx.readiness.liveness_warnings = [warning(d) for d in list(view.values())[:8]]
         if len(view) > 8:

@@ -54,6 +54,9 @@ from rallypoint.wire import fields
 
 log = logging.getLogger(__name__)
 
+#: Longest wait for the goodbye's answers when the sidecar stops.
+GOODBYE_S = 2.0
+
 
 class Rendezvous(AsyncResource):
     """One node's side of the rendezvous, its readiness and everything /status shows."""
@@ -170,6 +173,12 @@ class Rendezvous(AsyncResource):
         if self.windows is not None:
             await self.windows.close()
         await self.peer_client.close()
+
+    async def goodbye(self) -> None:
+        """This sidecar stops on purpose: the nodes it keeps alive with hear it leave
+        (keepalive.goodbye), within GOODBYE_S at most."""
+        if self.keepalive is not None and self.keepalive.watch.started:
+            await self.keepalive.goodbye(min(self.settings.keepalive_s, GOODBYE_S))
 
     def begin_shutdown(self) -> None:
         """Turn not ready for good (SIGTERM): /readyz answers 503 from now on."""

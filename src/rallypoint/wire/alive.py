@@ -1,8 +1,9 @@
 """Pure codec of the keep-alive after ready (rendezvous/keepalive.py): POST /v1/alive, its answer.
 
 A keep-alive says who sends it and, from a relay, how long ago it heard each member of its
-group. The answer names the nodes its sender finds down (liveness.Down), at most MAX_DOWN
-of them, with the total. Both are untrusted input, checked field by field.
+group and which members said goodbye; a goodbye is a keep-alive that says its sender leaves.
+The answer names the nodes its sender finds down (liveness.Down), at most MAX_DOWN of them,
+with the total, and those it knows left. Both are untrusted input, checked field by field.
 
 They also carry the supervised job (rendezvous/jobwatch.py): a keep-alive its sender's own
 job state, a relay's changed group states and, from the master or a relay, the first
@@ -64,6 +65,10 @@ class Alive(msgspec.Struct, frozen=True):
     #: The sender's job's last progress mark, and a relay's members' new ones.
     mark: Mark | None = None
     marks: Annotated[tuple[Mark, ...], at_most(MAX_HEARD)] = ()
+    #: The sender stops on purpose (its sidecar ends): a goodbye, not a death.
+    leaving: bool = False
+    #: A relay's members that said goodbye to it and were not heard since.
+    left: Annotated[tuple[Rank, ...], at_most(MAX_HEARD)] = ()
 
 
 class AliveAnswer(msgspec.Struct, frozen=True):
@@ -86,6 +91,8 @@ class AliveAnswer(msgspec.Struct, frozen=True):
     go: Go = -1
     #: The cluster's progress in that attempt, as the master summed it up.
     progress: Summary | None = None
+    #: The nodes the answerer knows left (said goodbye and were not heard since).
+    left: Annotated[tuple[Rank, ...], at_most(MAX_DOWN)] = ()
 
 
 def encode_alive(alive: Alive) -> bytes:

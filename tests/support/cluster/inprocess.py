@@ -80,7 +80,12 @@ class Cluster:
         return sidecar
 
     async def stop(self, rank: int) -> None:
+        """Stop the sidecar as SIGTERM does: it says goodbye, and the others show it left."""
         await self.nodes.pop(rank).stop()
+
+    async def kill(self, rank: int) -> None:
+        """Stop the sidecar without a goodbye, as a crash would: the others name it down."""
+        await self.nodes.pop(rank).stop(goodbye=False)
 
     async def close(self) -> None:
         for rank in sorted(self.nodes, reverse=True):
