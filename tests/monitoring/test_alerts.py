@@ -54,7 +54,7 @@ def test_a_healthy_cluster_fires_nothing_and_warns_of_nothing(
     cluster.wait_all_ready(READY_S)
     settle(prometheus, len(HOSTS))
     rules = prometheus.rules_loaded()
-    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
+    assert len(rules) == 10 and all(r["health"] == "ok" for r in rules), rules
     # A few more evaluations with every series present: no alert, not even pending.
     time.sleep(5 * prometheus.interval_s)
     assert prometheus.alerts() == []
