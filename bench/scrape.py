@@ -30,7 +30,7 @@ SIZES = (64, 1024, 4096)
 #: Families with a label per peer: their series must stay bounded as N grows.
 PER_PEER = (
     "rallypoint_peer_up",
-    "rallypoint_link_throughput_mbps",
+    "rallypoint_link_throughput_bytes_per_second",
     "rallypoint_link_retransmit_ratio",
     "rallypoint_link_rtt_seconds",
 )

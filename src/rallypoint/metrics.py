@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from rallypoint import __version__
 from rallypoint.core.jobs import CAUSES
 
 if TYPE_CHECKING:
@@ -30,13 +30,11 @@ def content_type() -> str:
 class Sample:
     """One labelled counter or gauge: a plain number, read by the registry at scrape time."""
 
-    __slots__ = ("_created", "_family", "_value")
+    __slots__ = ("_family", "_value")
 
     def __init__(self, family: Family) -> None:
         self._family = family
         self._value = 0.0
-        #: When the sample came to be: exposed as <name>_created, as prometheus_client does.
-        self._created = time.time()
 
     def inc(self, amount: float = 1) -> None:
         """Add amount (counters: never negative, as prometheus_client insists)."""
@@ -110,7 +108,8 @@ class Family:
             return gauges
         counters = CounterMetricFamily(self.name, self.doc, labels=labels)
         for key, sample in list(self._samples.items()):
-            counters.add_metric(list(key), sample._value, created=sample._created)
+            # No `_created` series: one more series per counter that no rule reads.
+            counters.add_metric(list(key), sample._value)
         return counters
 
 
@@ -155,7 +154,18 @@ class Metrics:
         self._registry: CollectorRegistry | None = None
 
     def _add_rendezvous_families(self) -> None:
-        """Readiness, joins, resolutions, pokes and the HTTP API."""
+        """Who this is, readiness, joins, resolutions, pokes and the HTTP API."""
+        self.build_info = gauge(
+            "rallypoint_build_info", "Always 1, labelled with this sidecar's version", "version"
+        )
+        self.build_info.labels(__version__).set(1)
+        self.session_info = gauge(
+            "rallypoint_session_info",
+            "Always 1, labelled with the session and this node's rank once the node list is "
+            "known: join on instance to group any series by session",
+            "session",
+            "rank",
+        )
         self.ready = gauge("rallypoint_ready", "1 when /env serves, else 0")
         self.ready_transitions = counter(
             "rallypoint_ready_transitions", "Readiness changes, by new state", "to"
@@ -200,10 +210,10 @@ class Metrics:
             "Connections to this node's probe windows, by result (answered, garbage ...)",
             "result",
         )
-        self.link_mbps = gauge(
-            "rallypoint_link_throughput_mbps",
-            "Throughput of each link this node measured, Mbit/s, by peer and direction (up: "
-            "towards the peer)",
+        self.link_throughput = gauge(
+            "rallypoint_link_throughput_bytes_per_second",
+            "Throughput of each link this node measured, bytes per second, by peer and "
+            "direction (up: towards the peer)",
             "peer",
             "direction",
         )

@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from rallypoint import __version__
 from rallypoint.metrics import Metrics
 
 
@@ -22,8 +24,7 @@ def _count(metrics: Metrics) -> None:
 
 
 def _exposition(metrics: Metrics) -> str:
-    # _created holds the wall clock when a sample was made: equal only up to that.
-    return re.sub(r"(_created(\{[^}]*\})?) \S+", r"\1 T", metrics.render().decode())
+    return metrics.render().decode()
 
 
 def test_counts_made_before_the_first_scrape_are_exposed_as_if_counted_after() -> None:
@@ -57,11 +58,14 @@ def test_counting_goes_on_after_the_first_scrape() -> None:
     assert metrics.value("rallypoint_ready") == 1
 
 
-def test_the_created_time_is_the_samples_not_the_scrapes() -> None:
+def test_counters_have_no_created_series_and_the_version_is_exposed() -> None:
     metrics = Metrics()
     metrics.joins.labels("accepted").inc()
-    made = metrics.joins.labels("accepted")._created
-    assert metrics.value("rallypoint_joins_created", result="accepted") == made
+    text = metrics.render().decode()
+    assert "_created" not in text
+    assert f'rallypoint_build_info{{version="{__version__}"}} 1.0' in text
+    metrics.session_info.labels("sess-1", 2).set(1)
+    assert metrics.value("rallypoint_session_info", session="sess-1", rank="2") == 1
 
 
 @pytest.mark.parametrize("registry_first", [False, True])
@@ -81,6 +85,7 @@ def test_counters_refuse_what_prometheus_client_refuses(registry_first: bool) ->
 
 PROBE = """
 import sys
+from rallypoint import __version__
 from rallypoint.metrics import Metrics
 m = Metrics()
 m.request_counter("local", "/livez", 200).inc()
@@ -96,3 +101,20 @@ def test_prometheus_client_is_imported_on_the_first_scrape() -> None:
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
     ).stdout
     assert out.split() == ["False", "True"]
+
+
+def test_docs_api_lists_every_metric_the_sidecar_exposes() -> None:
+    metrics = Metrics()
+    for family in vars(metrics).values():
+        if getattr(family, "label_names", None):
+            family.labels(*("x" for _ in family.label_names))
+    metrics.mdns_rejections = lambda: {"session": 1}
+    metrics.not_ready_codes = lambda: ["x"]
+    metrics.link_warning_codes = lambda: ["x"]
+    exposed = set(re.findall(r"^# TYPE (\S+) (\S+)", metrics.render().decode(), re.M))
+    api = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
+    listed = set(re.findall(r"^\| `(rallypoint_[a-z_]+)`", api, re.M))
+    listed |= set(re.findall(r"`(rallypoint_[a-z_]+)`", api))
+    names = {name + ("_total" if kind == "counter" and not name.endswith("_total") else "")
+             for name, kind in exposed}  # fmt: skip
+    assert len(names) > 30 and names <= listed, sorted(names - listed)

@@ -39,8 +39,8 @@ log = logging.getLogger("rallypoint.rendezvous")
 MAX_CHECKS = 32
 #: Most keep-alives a push of the first failure has in flight at once.
 MAX_PUSHES = 64
-#: Up to this many nodes every peer has its own rallypoint_peer_up series; above, only the
-#: peers named down (so a 4096-node cluster does not export 4096 series per sidecar).
+#: Up to this many nodes the nodes a node watches have a rallypoint_peer_up series; above,
+#: only the nodes named down (a healthy 4096-node master exports none).
 GAUGE_ALL_NODES = 256
 
 
@@ -67,6 +67,8 @@ class Keepalive:
         self._named_at = time.monotonic()
         #: The nodes the last verdict knew left.
         self._left: set[int] = set()
+        #: The nodes with a rallypoint_peer_up series from here.
+        self._gauged: frozenset[int] = frozenset()
         self._interval = watch.interval_s
         self._up = asyncio.Event()
         self._down = asyncio.Event()
@@ -176,7 +178,6 @@ class Keepalive:
         group = fanout.group(alive.rank, self.size, spec.nnodes)
         if alive.leaving:
             self.watch.leave(alive.rank)
-            log.info("peer_left", extra={"rank": alive.rank, "host": alive.host})
         else:
             self.watch.heard(alive.rank)
         for rank, age_s in alive.heard:
@@ -353,14 +354,16 @@ class Keepalive:
         for rank in left.keys() - self._left:
             log.info("peer_left", extra={"rank": rank, "host": spec.hosts[rank]})
         self._left = set(left)
-        everyone = spec.nnodes <= GAUGE_ALL_NODES
-        for rank in range(spec.nnodes) if everyone else {*view, *self._named, *left}:
-            if rank == spec.rank:
-                continue
-            if rank in left:
-                metrics.peer_up.remove(spec.hosts[rank])  # no series: no down alert for it
-            else:
-                metrics.peer_up.labels(spec.hosts[rank]).set(0 if rank in view else 1)
+        # A series for each node this one watches (the master: every node; a relay: its group
+        # and upstream; a worker: its upstream), up to GAUGE_ALL_NODES nodes, and each it
+        # names down: O(N) cluster-wide. A node that left has none: no down alert for it.
+        watched = self.watch.watched if spec.nnodes <= GAUGE_ALL_NODES else frozenset()
+        shown = (watched | view.keys()) - left.keys() - {spec.rank}
+        for rank in self._gauged - shown:
+            metrics.peer_up.remove(spec.hosts[rank])
+        for rank in shown:
+            metrics.peer_up.labels(spec.hosts[rank]).set(0 if rank in view else 1)
+        self._gauged = shown
         metrics.peers_down.set(len(view))
         metrics.peers_left.set(len(left))
         self._named, self._named_at = view, time.monotonic()

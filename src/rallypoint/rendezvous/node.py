@@ -213,6 +213,7 @@ class Rendezvous(AsyncResource):
     def _take_spec(self, spec: ClusterSpec) -> None:
         """Build the parts that need every host and this node's rank; run() goes on."""
         self._set_spec(spec)
+        self.metrics.session_info.labels(spec.session, spec.rank).set(1)
         self.offsets.reference = spec.is_master  # the master's clock is the one measured against
         self.windows, prober = self._connection_check(spec)
         if spec.is_master:

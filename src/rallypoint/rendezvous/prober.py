@@ -45,6 +45,8 @@ SEARCH_BYTES = 16 * 1024
 MIN_PACKET = {4: 576, 6: 1280}
 #: IP and TCP headers below the MSS (options are counted in the MSS).
 HEADERS = {4: 40, 6: 60}
+#: Bytes per second in one Mbit/s: the metrics are in base units.
+MBPS_BYTES = 1e6 / 8
 
 
 class Target(msgspec.Struct, frozen=True):
@@ -151,8 +153,8 @@ class Prober:
 
     def _export(self, host: str, link: links.LinkStat) -> None:
         metrics = self.metrics
-        metrics.link_mbps.labels(host, "up").set(link.up_mbps)
-        metrics.link_mbps.labels(host, "down").set(link.down_mbps)
+        metrics.link_throughput.labels(host, "up").set(link.up_mbps * MBPS_BYTES)
+        metrics.link_throughput.labels(host, "down").set(link.down_mbps * MBPS_BYTES)
         for direction, share in (("up", link.up_retrans), ("down", link.down_retrans)):
             if share is not None:
                 metrics.link_retrans.labels(host, direction).set(share)
