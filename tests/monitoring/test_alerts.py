@@ -9,6 +9,7 @@ else).
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -116,6 +117,41 @@ def test_a_node_that_leaves_fires_nothing_and_one_killed_fires_the_peer_down_ale
     liveness = cluster["main1"].status()["liveness"]
     assert [x["host"] for x in liveness["left"]] == ["sub1"], liveness
     assert [x["host"] for x in liveness["down"]] == ["sub2"], liveness
+
+
+def test_a_node_lost_while_its_job_runs_fires_the_node_lost_alert(
+    make_monitored: MakeMonitored,
+) -> None:
+    """Every node runs a job under `rallypoint run`; sub2's node vanishes (its sidecar and its
+    run SIGKILLed). The others name it lost, stop their jobs (exit 75) and count the failure,
+    which the real Prometheus scrapes from the sidecars that stay up: RallypointNodeLost."""
+    cluster, prometheus = make_monitored(HOSTS)
+    cluster.start_all()
+    cluster.wait_all_ready(READY_S)
+    settle(prometheus, len(HOSTS))
+    argv = [sys.executable, "-m", "rallypoint", "run", "--quiet", "--timeout", "60", "--",
+            "sh", "-c", "exec sleep 600"]  # fmt: skip
+    runs = {node.name: node.spawn(argv, label="run") for node in cluster}
+    try:
+        wait_for(
+            lambda: cluster["main1"].get("/job").json()["counts"].get("running") == len(HOSTS),
+            timeout_s=30.0, what="every job running",
+        )  # fmt: skip
+        lost = time.monotonic()
+        cluster["sub2"].kill_sidecar()
+        runs["sub2"].kill()
+        (alert,) = wait_for(
+            lambda: prometheus.firing("RallypointNodeLost"),
+            timeout_s=NAMED_S + 2 * prometheus.interval_s + SLACK_S, interval_s=0.25,
+            what="RallypointNodeLost firing", describe=lambda: str(prometheus.alerts()),
+        )  # fmt: skip
+        print(f"RallypointNodeLost fired {time.monotonic() - lost:.1f} s after the kill")
+        assert alert["labels"]["severity"] == "critical" and alert["labels"]["cause"] == "lost"
+        for name in ("main1", "sub1"):
+            assert runs[name].wait(30.0) == 75, runs[name].log()[-2000:]
+    finally:
+        for proc in runs.values():
+            proc.kill()
 
 
 def test_a_shaped_link_fires_the_slow_link_alert(make_monitored: MakeMonitored) -> None:
