@@ -57,11 +57,11 @@ def test_a_mark_older_by_more_than_the_clocks_uncertainty_is_behind() -> None:
 
 def test_marks_within_the_clocks_uncertainty_cannot_be_ordered_and_it_is_said() -> None:
     marks = (Mark(3, 0, 100.0, 12, error_s=0.02), Mark(0, 0, 100.030, 12, error_s=0.02))
-    line = behind(Summary(0, 2, marks, marks[1]), HOSTS)
+    line = behind(Summary(0, 4, marks, marks[1]), HOSTS)
     assert line == (
         "which node stopped first cannot be told: the two oldest marks (sub3 (rank 3),"
         " sub0 (rank 0)) are 30 ms apart, within the clocks' uncertainty and the other"
-        " nodes' spread (40 ms); 2 nodes' last progress spans 30 ms"
+        " nodes' spread (40 ms); 4 nodes' last progress spans 30 ms"
     )
 
 
@@ -78,10 +78,16 @@ def test_an_oldest_mark_no_farther_from_the_rest_than_they_spread_is_not_blamed(
 def test_a_gap_under_half_a_phase_is_not_blamed_and_over_it_is() -> None:
     """The same 30 ms gap, in a job whose marks come every 200 ms and every 40 ms."""
     slow = (Mark(3, 0, 100.0, 12), Mark(0, 0, 100.030, 12, period_s=0.2))
-    line = behind(Summary(0, 2, slow, slow[1]), HOSTS)
+    line = behind(Summary(0, 4, slow, slow[1]), HOSTS)
     assert "30 ms apart, less than half a phase of the job (100 ms)" in line
     fast = (Mark(3, 0, 100.0, 12), Mark(0, 0, 100.030, 12, period_s=0.04))
-    assert behind(Summary(0, 2, fast, fast[1]), HOSTS).startswith("sub3 (rank 3) is behind")
+    assert behind(Summary(0, 4, fast, fast[1]), HOSTS).startswith("sub3 (rank 3) is behind")
+
+
+def test_while_a_nodes_mark_is_not_known_nobody_is_blamed() -> None:
+    marks = (Mark(2, 0, 90.0, 11), Mark(0, 0, 100.0, 12))
+    line = behind(Summary(0, 3, marks, Mark(1, 0, 100.1, 12)), HOSTS)
+    assert line == "which node stopped first cannot be told: 3 of 4 nodes' progress is known"
 
 
 def test_nothing_is_said_with_fewer_than_two_marks() -> None:

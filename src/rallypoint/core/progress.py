@@ -14,7 +14,8 @@ half the round trip of its node's best clock sample), plus (b) how far the other
 marks spread among themselves, and by at least (c) half a phase of the job (the time between
 the next node's last two marks): every rank of a synchronous job that stopped in the same
 collective marked it within a moment of the others, and which of them was a millisecond
-first says nothing. Otherwise the line says that it cannot be told.
+first says nothing. Otherwise, and while some node's mark is not known, the line says that
+it cannot be told.
 """
 
 from __future__ import annotations
@@ -122,6 +123,12 @@ def behind(summary: Summary | None, hosts: Sequence[str]) -> str:
     fewer than two nodes marked)."""
     if summary is None or len(summary.oldest) < 2:
         return ""
+    if summary.marked < len(hosts):
+        # A node whose mark has not arrived (or that never marks) may be the one behind.
+        return (
+            f"which node stopped first cannot be told: {summary.marked} of {len(hosts)} nodes'"
+            " progress is known"
+        )
     first, second = summary.oldest
     newest = summary.newest or second
     name = _name(first, hosts)
