@@ -2,7 +2,7 @@
 
 NTP's on-wire arithmetic (RFC 5905, section 8): a worker notes t1 on its wall clock when it
 sends a join or a report and t4 when the answer arrives; the answer carries t2 (received) and
-t3 (answered) on the master's clock (wireclock.ClockStamp). Then the master's clock minus
+t3 (answered) on the master's clock (wire/stamps.ClockStamp). Then the master's clock minus
 this node's is ((t2 - t1) + (t3 - t4)) / 2, within half the round trip
 (t4 - t1) - (t3 - t2). Of the last SAMPLES_KEPT samples the one with the lowest round trip
 is the estimate. Here ``offset_s`` is always this node's clock minus the master's (positive:

@@ -12,7 +12,6 @@ from rallypoint.providers._common import MAX_NODES, show
 # Longest number in a range: keeps int() cheap and ranges far from overflowing anything.
 _MAX_DIGITS = 12
 _RANGE = re.compile(rf"([0-9]{{1,{_MAX_DIGITS}}})(?:-([0-9]{{1,{_MAX_DIGITS}}}))?")
-_TRAILING_DIGITS = re.compile(r"(.*?)([0-9]+)", re.DOTALL)
 
 # A bracket group is the list of numbers it stands for, kept as (lo, hi, width) ranges so
 # that a huge range is counted before anything is generated.

@@ -31,11 +31,7 @@ from rallypoint.model import (
     within,
 )
 from rallypoint.reasons import MAX_TEXT, Reason
-
-# Part of this module's contract: the APIs apply the same rules to query strings and addresses.
 from rallypoint.wire.fields import (
-    TOKEN,
-    address,
     addresses,
     dump,
     generation,
@@ -48,8 +44,6 @@ from rallypoint.wire.stamps import ClockFacts, ClockStamp, checked_stamp
 __all__ = [
     "MAX_ADDRESSES",
     "MAX_NODES",
-    "TOKEN",
-    "address",
     "generation",
     "host_name",
 ]

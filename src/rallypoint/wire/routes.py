@@ -5,7 +5,7 @@ message route, reads the body, checks its signature over "METHOD PATH", parses i
 to the node's handler, stamps the answer with this node's clock where the row says so, and
 signs it; the client (net/peerhttp.py) signs the request the same way, reads at most the row's
 answer limit, checks the answer's signature and status, takes its clock sample and parses
-it. A new message is one row here and one handler on the node (rendezvous/node.py).
+it. A new message is one row here and one handler on the node (rendezvous/peerapi.py).
 
 Any peer holding the session's token may call any route; a row says who answers it, and a
 node asked what it does not serve says so (409 ``not_master``, 503 ``discovering``).
