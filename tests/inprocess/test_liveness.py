@@ -177,6 +177,20 @@ async def test_an_unsigned_goodbye_is_refused_and_changes_nothing() -> None:
         assert left(c.nodes[0]) == [] and not down(c.nodes[0])
 
 
+async def test_a_goodbye_that_fails_still_stops_the_sidecar_and_the_node_is_named_down() -> None:
+    async with ready_cluster(3, token=TOKEN, per_node=per_node(3)) as c:
+        keepalive = c.nodes[2].node.keepalive
+        assert keepalive is not None
+
+        async def broken(timeout_s: float) -> None:
+            raise RuntimeError("planted")
+
+        keepalive.goodbye = broken  # type: ignore[method-assign]
+        await c.stop(2)  # returns: the sidecar stopped and let its ports go
+        await until(lambda: named_everywhere(c, "node2", but=2))
+        assert left(c.nodes[0]) == []
+
+
 async def test_keepalive_off_has_no_watch() -> None:
     async with ready_cluster(2, per_node=per_node(2, keepalive_s=0.0)) as c:
         section = c.nodes[1].node.status()["liveness"]

@@ -177,8 +177,12 @@ class Rendezvous(AsyncResource):
     async def goodbye(self) -> None:
         """This sidecar stops on purpose: the nodes it keeps alive with hear it leave
         (keepalive.goodbye), within GOODBYE_S at most."""
-        if self.keepalive is not None and self.keepalive.watch.started:
+        if self.keepalive is None or not self.keepalive.watch.started:
+            return
+        try:
             await self.keepalive.goodbye(min(self.settings.keepalive_s, GOODBYE_S))
+        except Exception as exc:  # a goodbye that fails must not keep the sidecar from stopping
+            log.warning("goodbye_failed", extra={"error": repr(exc)})
 
     def begin_shutdown(self) -> None:
         """Turn not ready for good (SIGTERM): /readyz answers 503 from now on."""
