@@ -9,7 +9,6 @@ first-failure line, and every sidecar's GET /job, carry the exception.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 from tests.multihost.clients import venv_tool
 from tests.support import steps
 from tests.support.cluster.build import Cluster, MakeCluster
-from tests.support.cluster.procs import Proc
+from tests.support.cluster.procs import Proc, wait_all
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
@@ -43,19 +42,6 @@ def supervise(cluster: Cluster, *command: str) -> dict[str, Proc]:
     return {node.name: node.spawn([*argv, *command], label="run") for node in cluster}
 
 
-def ended(runs: dict[str, Proc]) -> dict[str, int]:
-    codes = {}
-    try:
-        for name, proc in runs.items():
-            codes[name] = proc.wait(END_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"a run did not end: {[p.log()[-2000:] for p in runs.values()]}")
-    finally:
-        for proc in runs.values():
-            proc.kill()
-    return codes
-
-
 def first_failure(proc: Proc) -> str:
     found = [x for x in proc.log().splitlines() if x.startswith("rallypoint: first failure:")]
     assert found, proc.log()[-3000:]
@@ -76,7 +62,7 @@ def test_a_recorded_torch_jobs_exception_is_named_on_every_node(
 ) -> None:
     cluster = start(make_cluster)
     runs = supervise(cluster, sys.executable, str(STEPS), *JOB)
-    codes = ended(runs)
+    codes = wait_all(runs, END_S)
     assert codes == dict.fromkeys(HOSTS, 1), (codes, cluster.logs())
     assert_named_everywhere(cluster, runs, CAUSE)
 
@@ -87,6 +73,6 @@ def test_under_torchrun_the_failed_workers_exception_is_named_on_every_node(
     cluster = start(make_cluster)
     # torchrun's static rendezvous from the served PET_* (one process per node).
     runs = supervise(cluster, venv_tool("torchrun"), str(STEPS), *JOB)
-    codes = ended(runs)
+    codes = wait_all(runs, END_S)
     assert codes == dict.fromkeys(HOSTS, 1), (codes, cluster.logs())
     assert_named_everywhere(cluster, runs, f"{CAUSE} (worker exit 1)")

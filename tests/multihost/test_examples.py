@@ -9,7 +9,6 @@ Each worker marks its own file, so sub1's progress is its local rank 1's, a step
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 
 from tests.multihost.clients import venv_tool
 from tests.support.cluster.build import MakeCluster
-from tests.support.cluster.procs import Proc
+from tests.support.cluster.procs import Proc, wait_all
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
@@ -39,15 +38,7 @@ def test_a_hung_torchrun_worker_is_named_with_its_node_and_local_rank(
         "--steps", "100000", "--hang-at", "3:20",
     ]  # fmt: skip
     runs: dict[str, Proc] = {node.name: node.spawn(argv, label="run") for node in cluster}
-    codes = {}
-    try:
-        for name, proc in runs.items():
-            codes[name] = proc.wait(END_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"a run did not end: {[p.log()[-3000:] for p in runs.values()]}")
-    finally:
-        for proc in runs.values():
-            proc.kill()
+    codes = wait_all(runs, END_S)
     assert codes == dict.fromkeys(HOSTS, 1), (codes, cluster.logs())
     stalled = "sub1 (rank 1) stalled at step 19 (collective), local rank 1, no progress for 5 s"
     behind = "rallypoint: sub1 (rank 1) is behind: its last progress was step 19 (collective),"

@@ -9,10 +9,12 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support import netns
 
@@ -96,6 +98,18 @@ class Proc:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+
+def wait_all(procs: Mapping[str, Proc], timeout_s: float) -> dict[str, int]:
+    """Each process's exit status, each given ``timeout_s`` to end; one that does not fails
+    the test with every log's tail. Every process is killed (and reaped) either way."""
+    try:
+        return {name: proc.wait(timeout_s) for name, proc in procs.items()}
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a run did not end: {[p.log()[-3000:] for p in procs.values()]}")
+    finally:
+        for proc in procs.values():
+            proc.kill()
 
 
 def faketime_argv(offset_s: float, argv: Sequence[str]) -> list[str]:
