@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 
 from rallypoint.cli import client, progressfile
+from rallypoint.core.progress import MAX_PERIOD_S
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobs as wirejobs
 
@@ -54,7 +55,7 @@ class Publisher:
 
     def post(self, mark: progressfile.Mark, period_s: float | None = None) -> bool:
         """Post ``mark`` once; whether the sidecar took it."""
-        period = None if period_s is None else round(min(period_s, 3.2e7), 6)
+        period = None if period_s is None else round(min(period_s, MAX_PERIOD_S), 6)
         report = wirejobs.ProgressReport(
             self.attempt, mark.at, mark.step, mark.phase, mark.local_rank, period
         )

@@ -36,8 +36,9 @@ Phase = Annotated[str, text(rf"^(?:{PHASE_PATTERN})?\Z", "one word of letters, d
 LocalRank = Annotated[int, within(0, 1023)]
 #: A clock's uncertainty in seconds (half a round trip), at most an hour.
 Uncertainty = Annotated[float, within(0.0, 3600.0)]
-#: Seconds between two marks, at most a year.
-Period = Annotated[float, within(0.0, 3.2e7)]
+#: Seconds between two marks, at most about a year.
+MAX_PERIOD_S = 3.2e7
+Period = Annotated[float, within(0.0, MAX_PERIOD_S)]
 
 
 class Mark(msgspec.Struct, frozen=True, omit_defaults=True):

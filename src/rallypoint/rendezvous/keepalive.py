@@ -217,6 +217,7 @@ class Keepalive:
             go=self.jobs.book.go,
         )
         body, limit = wirealive.encode_alive(alive), asyncio.Semaphore(MAX_PUSHES)
+        targets = [*upstream, *self._downstream()]
 
         async def tell(rank: int) -> None:
             async with limit:
@@ -224,8 +225,8 @@ class Keepalive:
 
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(tell(r) for r in [*upstream, *self._downstream()]))
-        log.info("goodbye_sent", extra={"to": len(upstream) + len(self._downstream())})
+                await asyncio.gather(*(tell(r) for r in targets))
+        log.info("goodbye_sent", extra={"to": len(targets)})
 
     def _downstream(self) -> list[int]:
         """The ranks this node pushes to: the master's direct ranks, a relay's group."""

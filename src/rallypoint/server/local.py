@@ -183,9 +183,10 @@ def _refused(request: web.Request) -> web.Response | None:
 
 async def _job_report(request: web.Request) -> web.Response:
     """`rallypoint run` reports its job's start or end; the answer is the job view."""
+    if (refused := _refused(request)) is not None:
+        return refused
     node = request.app[NODE]
-    if (refused := _refused(request)) is not None or node.jobs is None:
-        return refused or web.Response(status=503)
+    assert node.jobs is not None  # _refused said so
     report = wirejobs.parse_report(await request.read())
     await node.jobs.report(report, settle_s=min(node.settings.keepalive_s or 1.0, 5.0))
     return web.json_response(node.job_status(), headers=NO_STORE)
@@ -193,8 +194,9 @@ async def _job_report(request: web.Request) -> web.Response:
 
 async def _progress_report(request: web.Request) -> web.Response:
     """`rallypoint run` tells its job's latest progress mark; it rides the next keep-alive."""
-    node = request.app[NODE]
-    if (refused := _refused(request)) is not None or node.progress is None:
-        return refused or web.Response(status=503)
-    node.progress.mine(wirejobs.parse_progress(await request.read()))
+    if (refused := _refused(request)) is not None:
+        return refused
+    progress = request.app[NODE].progress
+    assert progress is not None  # _refused said so
+    progress.mine(wirejobs.parse_progress(await request.read()))
     return web.Response(status=204, headers=NO_STORE)
