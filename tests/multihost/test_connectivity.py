@@ -1,6 +1,6 @@
 """Ready means connected: each network fault's verdict checked against a real gloo job's fate.
 
-Three namespace hosts on 172.30.213.0/24 (above 127, like Docker's 172.17), Backend.AI order
+Three namespace hosts on 198.18.213.0/24 (above 127, like Docker's 172.17), Backend.AI order
 (``main1`` listed second), token on. For every scenario the sidecars give their verdict
 first; then the sidecars are stopped (their probe windows would otherwise listen on the
 ports) and a torch gloo all-reduce runs on the same hosts with the env the sidecars serve
@@ -24,7 +24,7 @@ from tests.support.netns import IFNAME, xtables
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
-SUBNET = "172.30.213"
+SUBNET = "198.18.213"
 #: Preferred master port: known before the sidecars start, so a firewall can drop it.
 MASTER_PORT = 29511
 READY_S = 40.0
@@ -148,7 +148,7 @@ def test_a_dropped_tf_port_is_not_ready_only_when_tf_config_is_served(
     torch_only = make_cluster(
         args=("--probe-timeout", "1", "--frameworks", "torch", "--tf-port", str(tf_port)),
         env={"RALLYPOINT_MASTER_PORT": str(MASTER_PORT)},
-        subnet="172.30.214",
+        subnet="198.18.214",
     )
     torch_only["sub2"].inside(
         xtables("iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(tf_port), "-j", "DROP")

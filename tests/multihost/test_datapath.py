@@ -1,6 +1,6 @@
 """Ready means the job runs at speed: data-path faults, each verdict against a real job's fate.
 
-Three namespace hosts on 172.30.215.0/24, Backend.AI order (``main1`` listed second), token
+Three namespace hosts on 198.18.215.0/24, Backend.AI order (``main1`` listed second), token
 on. Each fault is on ``sub2``'s link (tests/support/cluster/: a tc filter that drops frames
 over a size with offloads off, a tbf shaper, random loss, a shifted clock); after the
 sidecars' verdict a torch gloo job all-reduces training-sized tensors (4 MiB of float32,
@@ -21,7 +21,7 @@ from tests.support.cluster.nodes import Node
 
 pytestmark = [pytest.mark.multihost, pytest.mark.torch]
 
-SUBNET = "172.30.215"
+SUBNET = "198.18.215"
 MASTER_PORT = 29512
 READY_S = 60.0
 ARGS = ("--probe-timeout", "1", "--frameworks", "torch")

@@ -62,6 +62,7 @@ class SlurmCluster(BatchJobs):
     """
 
     def __init__(self, workdir: Path, nodes: Sequence[str] = NODES) -> None:
+        netns.check_subnet(SUBNET)
         self.tag = run_tag()
         self.workdir = Path(workdir)
         self.bridge = netns.Bridge(f"{self.tag}br")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import ipaddress
 import json
 import os
 import re
@@ -193,6 +194,25 @@ def host_addresses(ifname: str) -> list[str]:
     """The host's own addresses on ``ifname`` (``ip -j addr``), link-local included."""
     out = sh(["ip", "-j", "addr", "show", "dev", ifname]).stdout
     return [a["local"] for link in json.loads(out or "[]") for a in link.get("addr_info", [])]
+
+
+#: Docker's default address pools (172.17-31 as /16s, 192.168 as /20s): a compose network
+#: takes the next one, and while it exists Docker masquerades its subnet's traffic leaving
+#: any other interface. With br_netfilter that includes the frames our bridges forward, and
+#: masquerading to a bridge without an address drops them: every new connection between
+#: namespace hosts on such a subnet vanishes while the compose tier runs beside.
+DOCKER_POOLS = (ipaddress.ip_network("172.16.0.0/12"), ipaddress.ip_network("192.168.0.0/16"))
+
+
+def check_subnet(prefix: str) -> None:
+    """ValueError for a test subnet (its first three octets) inside Docker's default pools."""
+    network = ipaddress.ip_network(f"{prefix}.0/24")
+    for pool in DOCKER_POOLS:
+        if network.overlaps(pool):
+            raise ValueError(
+                f"test subnet {network} is inside Docker's address pool {pool}: a compose "
+                "network there would drop its traffic; use 10.x or 198.18.x (RFC 2544)"
+            )
 
 
 class Bridge:

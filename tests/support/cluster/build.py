@@ -52,6 +52,7 @@ class Cluster:
             raise ValueError(f"host names must be unique and non-empty: {hosts!r}")
         if len(hosts) > 200:
             raise ValueError("at most 200 nodes fit the test subnet")
+        netns.check_subnet(subnet)
         Cluster._serial += 1
         self.tag = run_tag()
         self.id = f"{self.tag}c{Cluster._serial}"
