@@ -43,6 +43,9 @@ _DIGEST_BYTES = hashlib.sha256().digest_size
 _FIELDS_TAG = b"rallypoint-fields-v1"
 _PROBE_TAG = b"rallypoint-probe-v1"
 _DATA_TAG = b"rallypoint-probe-data-v1"
+_LOCAL_TAG = b"rallypoint-local-write-v1"
+#: The header a write to the local API proves the session token with (`Bearer <proof>`).
+LOCAL_PROOF_HEADER = "Authorization"
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _NONCE = re.compile(r"[0-9a-f]{32}")
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
@@ -207,6 +210,32 @@ class Authenticator:
         Keyed by the token, so that with one set a stranger cannot make a window send data.
         """
         return self._mac([_DATA_TAG, _utf8(session), _utf8(nonce), b"%d" % up, b"%d" % down])
+
+    def local_proof(self) -> str:
+        """What `rallypoint run` sends with a write to its own sidecar's local API.
+
+        The token's MAC over a fixed tag: the secret itself never crosses the socket, and a
+        local user without the token cannot make one (docs/api.md, "Writes").
+        """
+        return self._mac([_LOCAL_TAG])
+
+    def check_local(self, authorization: str | None) -> None:
+        """Accept a local write that proves the token (AuthError if not); no-op when off."""
+        if not self.enabled:
+            return
+        scheme, _, proof = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not proof:
+            raise AuthError(
+                "this sidecar has a session token: a write needs it (`rallypoint run` sends"
+                " it from RALLYPOINT_TOKEN or --token-file, the sidecar's own)",
+                reason="unsigned",
+            )
+        if not hmac.compare_digest(self.local_proof(), proof.strip()):
+            raise AuthError(
+                "the write's token is not this sidecar's: give `rallypoint run` the same"
+                " RALLYPOINT_TOKEN (or --token-file) as the sidecar",
+                reason="bad_signature",
+            )
 
     def _mac(self, parts: list[bytes]) -> str:
         return hmac.new(self._key, _frame(parts), hashlib.sha256).hexdigest()

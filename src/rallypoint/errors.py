@@ -99,5 +99,10 @@ class SidecarError(RallypointError):
     """Raised by clients when the local API answers outside its contract (exit 1)."""
 
 
+class WriteRefused(ConfigError):
+    """Raised by `run` when its sidecar refuses a write (403): it does not have the
+    sidecar's session token (exit 2; retrying cannot help)."""
+
+
 class HostfileError(ConfigError):
     """Raised when no hostfile can be written: the slots per node are not a number."""

@@ -21,6 +21,14 @@ from rallypoint.model import (
 )
 from rallypoint.served import tfconfig
 
+#: Under Slurm, with neither port set, a job's sidecars take the local and peer ports
+#: JOB_PORT_BASE + 2 * (SLURM_JOB_ID mod JOB_PORT_PAIRS) and the next one: two jobs that share
+#: a node (no containers) then listen apart, and every step of one job, its clients included,
+#: computes the same pair (docs/configuration.md, "Ports"). Below the master port range and
+#: the ephemeral range; 500 pairs, so jobs collide only when their ids are 500 apart.
+JOB_PORT_BASE = 17800
+JOB_PORT_PAIRS = 500
+
 Scope = Literal["auto", "all", "master"]
 MasterAddrMode = Literal["name", "ip"]
 
@@ -175,6 +183,15 @@ def from_mapping(values: Mapping[str, Any], labels: Mapping[str, str] | None = N
     settings = Settings(**given)
     _check(settings, set(values), labels)
     return settings
+
+
+def job_ports(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """The (local, peer) ports of the Slurm job whose environment this is; None outside one."""
+    job = environ.get("SLURM_JOB_ID", "").strip()
+    if not job.isascii() or not job.isdigit():
+        return None
+    local = JOB_PORT_BASE + 2 * (int(job) % JOB_PORT_PAIRS)
+    return local, local + 1
 
 
 def tf_layout(text: str) -> str:

@@ -33,7 +33,7 @@ async def run_everywhere(
     procs = {}
     for rank, script in scripts.items():
         port = c.local_url(rank, "").rsplit(":", 1)[1]
-        env = {**child_env(), "RP_NODE": str(rank)}
+        env = {**child_env(), **c.run_env(), "RP_NODE": str(rank)}
         procs[rank] = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "rallypoint", "run", "--local-port", port,
             "--timeout", "60", "--quiet", "--grace", "2", *run_args,

@@ -33,11 +33,13 @@ def progress(c: Cluster, rank: int) -> dict[str, Any]:
 
 
 async def post(
-    c: Cluster, rank: int, body: bytes, content_type: str = "application/json"
+    c: Cluster, rank: int, body: bytes, content_type: str = "application/json", proof: bool = True
 ) -> aiohttp.ClientResponse:
+    """POST /job/progress as `run` does (``proof``: with the token's proof)."""
+    headers = {"Content-Type": content_type, **(c.write_headers() if proof else {})}
     async with aiohttp.ClientSession() as session:
         url = c.local_url(rank, "/job/progress")
-        async with session.post(url, data=body, headers={"Content-Type": content_type}) as answer:
+        async with session.post(url, data=body, headers=headers) as answer:
             await answer.read()
             return answer
 
@@ -85,13 +87,9 @@ async def test_a_later_mark_moves_on_and_bad_reports_change_nothing() -> None:
         ):
             answer = await post(c, 1, body)
             assert answer.status == status, (body, answer.status)
-        assert (
-            await post(
-                c,
-                1,
-                mark(4, now + 1),
-            ),
-        ).__len__() == 1
+        # A local user without the session token: refused, and the mark goes nowhere.
+        assert (await post(c, 1, mark(9, now + 2), proof=False)).status == 403
+        assert (await post(c, 1, mark(4, now + 1))).status == 204
         assert (await post(c, 1, b"{}", content_type="text/plain")).status == 415
         await until(lambda: [m["step"] for m in progress(c, 0)["nodes"]] == [4])
         assert (await post(c, 1, mark(2, now - 10))).status == 204  # older: kept out
@@ -120,7 +118,7 @@ async def test_the_shell_example_runs_to_its_end_and_every_nodes_last_step_is_sh
                 "sh",
                 str(LOOP),
                 "12",
-                env=child_env(),
+                env={**child_env(), **c.run_env()},
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )

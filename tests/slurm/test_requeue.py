@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from rallypoint import settings
 from tests.slurm import cluster as slurm_cluster
 from tests.slurm.conftest import NODES
 from tests.slurm.jobs import FINAL_STATES
@@ -44,8 +45,6 @@ STOP_BOUND_S = LIVENESS_S + 10.0 + 15.0
 #: A node cut off hears none of the others: it waits the whole start bound of the next
 #: attempt (--grace and 5 s) before it gives up.
 CUT_BOUND_S = STOP_BOUND_S + 15.0
-#: The sidecars' peer port: cutting it cuts the sidecars off, and nothing else.
-PEER_PORT = 7781
 #: What `run` exits with when a node was lost (--lost-exit-code's default).
 LOST_EXIT_CODE = 75
 #: Torch starting six processes on two shared cores; then Slurm's own node-failure timer.
@@ -179,11 +178,13 @@ def test_sidecars_cut_off_exit_75_and_requeue_exit_requeues(
     path the guide relies on when the nodes themselves are fine.
     """
     workdir, job_id = submit(slurm, job_env, "cut-sidecar")
+    # The job's sidecars' peer port (one pair per job): cutting it cuts them off, and nothing else.
+    _, peer_port = settings.job_ports({"SLURM_JOB_ID": job_id}) or (0, 0)
     cut = False
     try:
         wait_running(slurm, workdir, job_id)
         started = time.time()
-        slurm.cut_port(VICTIM, PEER_PORT)
+        slurm.cut_port(VICTIM, peer_port)
         cut = True
         nodes = wait_ended(workdir, job_id, slurm_cluster.NODES, started, CUT_BOUND_S)
         text = output(workdir, job_id)
@@ -201,4 +202,4 @@ def test_sidecars_cut_off_exit_75_and_requeue_exit_requeues(
         with contextlib.suppress(Exception):
             cancel(slurm, job_id)
         if cut:
-            slurm.cut_port(VICTIM, PEER_PORT, action="-D")
+            slurm.cut_port(VICTIM, peer_port, action="-D")

@@ -255,6 +255,21 @@ def test_kubernetes_job_runs_supervised_and_maps_run_s_statuses() -> None:
     assert actions == ["Ignore", "FailJob"]
 
 
+def test_every_trainer_has_its_sidecar_s_token() -> None:
+    """`run` proves the session secret on its writes: a trainer without it cannot start."""
+    job = _kinds("kubernetes.md")["Job"]
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    secret = [item for item in _sidecar(job)["env"] if item["name"] == "RALLYPOINT_TOKEN"]
+    assert [item for item in trainer.get("env", []) if item["name"] == "RALLYPOINT_TOKEN"] == secret
+    for name in ("compose.yaml", "compose.mdns.yaml"):
+        text = (Path(__file__).parents[2] / "docker" / name).read_text()
+        compose = yaml.safe_load(text)
+        for service, body in compose["services"].items():
+            if service.endswith("-trainer"):
+                env = body["environment"]
+                assert env["RALLYPOINT_TOKEN"] == "${RALLYPOINT_TOKEN:-compose-demo-token}", service
+
+
 def test_backendai_guide_launches_the_training_under_run() -> None:
     bodies = snippets("backendai.md", "sh", "bash")
     assert any("rallypoint run -- torchrun" in body for body in bodies)

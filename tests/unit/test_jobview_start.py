@@ -17,7 +17,7 @@ def serve(monkeypatch: pytest.MonkeyPatch, counts: dict[str, int], start: int | 
     """A sidecar whose job view never changes: these counts, this start."""
     view = {"version": 1, "boot": "b", "start": start, "counts": counts, "own": {"attempt": 1}}
 
-    def report_job(url: str, body: bytes) -> dict[str, object]:
+    def report_job(url: str, body: bytes, **_: object) -> dict[str, object]:
         return dict(view)
 
     def job(url: str, after: int | None = None, wait_s: float = 0.0) -> dict[str, object]:

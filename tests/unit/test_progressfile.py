@@ -200,7 +200,7 @@ def test_the_publisher_posts_the_newest_mark_and_never_drops_the_last(
     monkeypatch.setattr(
         client,
         "report_progress",
-        lambda url, body, timeout_s: posted.append(wirejobs.parse_progress(body)),
+        lambda url, body, **_: posted.append(wirejobs.parse_progress(body)),
     )
     monkeypatch.setattr(progresspost, "PUBLISH_S", 0.3)
     publisher = progresspost.Publisher("http://127.0.0.1:1", attempt=4)

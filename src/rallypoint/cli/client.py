@@ -20,6 +20,7 @@ from rallypoint.errors import (
     RendezvousTimeout,
     SidecarError,
     SidecarUnreachable,
+    WriteRefused,
 )
 
 #: Extra seconds a request may take beyond the long-poll it asked the server for.
@@ -54,13 +55,23 @@ def _where(base_url: str) -> str:
     return urllib.parse.urlsplit(base_url).netloc or base_url
 
 
-def get(base_url: str, path: str, *, timeout_s: float, body: bytes | None = None) -> Answer:
-    """GET base_url + path (POST with ``body``); SidecarUnreachable when nothing answers in time."""
+def get(
+    base_url: str,
+    path: str,
+    *,
+    timeout_s: float,
+    body: bytes | None = None,
+    proof: str | None = None,
+) -> Answer:
+    """GET base_url + path (POST with ``body``, proving the session token with ``proof``);
+    SidecarUnreachable when nothing answers in time."""
     url = base_url.rstrip("/") + path
     where = _where(base_url)
     request = urllib.request.Request(url, data=body)
     if body is not None:
         request.add_header("Content-Type", "application/json")
+    if proof is not None:
+        request.add_header("Authorization", f"Bearer {proof}")
     try:
         with _OPENER.open(request, timeout=timeout_s) as response:
             return Answer(response.status, response.read().decode("utf-8", "replace"))
@@ -159,6 +170,19 @@ def _not_ready(base_url: str, body: str) -> NotReady:
     )
 
 
+def _written(base_url: str, path: str, answer: Answer, status: int) -> None:
+    """A write's answer: WriteRefused for a 403 (the token), SidecarError unless ``status``."""
+    if answer.status == 403:
+        try:
+            said = json.loads(answer.body).get("error")
+        except (ValueError, AttributeError):
+            said = None
+        text = said if isinstance(said, str) else answer.body.strip()[:200]
+        raise WriteRefused(f"the sidecar on {_where(base_url)} refused {path}: {text}")
+    if answer.status != status:
+        raise _unexpected(base_url, path, answer)
+
+
 def _unexpected(base_url: str, path: str, answer: Answer) -> SidecarError:
     first = answer.body.strip().splitlines()[0][:200] if answer.body.strip() else ""
     return SidecarError(
@@ -250,19 +274,24 @@ def job(base_url: str, after: int | None = None, wait_s: float = 0.0) -> dict[st
     return _json_object(base_url, "/job", answer)
 
 
-def report_job(base_url: str, body: bytes, *, timeout_s: float = _MARGIN_S) -> dict[str, object]:
-    """POST /job: this node's job started or ended; the job view once the report went on."""
-    answer = get(base_url, "/job", timeout_s=timeout_s, body=body)
-    if answer.status != 200:
-        raise _unexpected(base_url, "POST /job", answer)
+def report_job(
+    base_url: str, body: bytes, *, proof: str | None = None, timeout_s: float = _MARGIN_S
+) -> dict[str, object]:
+    """POST /job: this node's job started or ended; the job view once the report went on.
+
+    ``proof``: the session token's local proof (auth.Authenticator.local_proof), None without
+    a token."""
+    answer = get(base_url, "/job", timeout_s=timeout_s, body=body, proof=proof)
+    _written(base_url, "POST /job", answer, 200)
     return _json_object(base_url, "/job", answer)
 
 
-def report_progress(base_url: str, body: bytes, *, timeout_s: float = _MARGIN_S) -> None:
-    """POST /job/progress: the job's latest progress mark."""
-    answer = get(base_url, "/job/progress", timeout_s=timeout_s, body=body)
-    if answer.status != 204:
-        raise _unexpected(base_url, "POST /job/progress", answer)
+def report_progress(
+    base_url: str, body: bytes, *, proof: str | None = None, timeout_s: float = _MARGIN_S
+) -> None:
+    """POST /job/progress: the job's latest progress mark (``proof`` as for report_job)."""
+    answer = get(base_url, "/job/progress", timeout_s=timeout_s, body=body, proof=proof)
+    _written(base_url, "POST /job/progress", answer, 204)
 
 
 def _json_object(base_url: str, path: str, answer: Answer) -> dict[str, object]:

@@ -80,6 +80,11 @@ def build(
     values["mdns_interfaces"] = _flatten(params.get("mdns_interfaces") or ())
     if "token_file" in params:
         values["token"] = _read_token(params, from_env, environ)
+    # A port set by flag or variable wins; under Slurm the unset ones are the job's own.
+    job_ports = settings.job_ports(environ)
+    if job_ports is not None:
+        values.setdefault("local_port", job_ports[0])
+        values.setdefault("peer_port", job_ports[1])
     labels = {_field(name): envvar for name, envvar in from_env.items()}
     return settings.from_mapping(values, labels)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from rallypoint.cli import client
 from rallypoint.core import jobs
-from rallypoint.errors import RallypointError
+from rallypoint.errors import RallypointError, WriteRefused
 from rallypoint.wire import jobs as wirejobs
 
 #: Seconds between attempts to reach a sidecar that does not answer.
@@ -35,6 +35,7 @@ def wait_start(
     started: float,
     bound_s: float | None,
     *,
+    proof: str | None = None,
     stopped: Callable[[], bool],
     say: Callable[[str], None],
     rejoin_s: float | None = None,
@@ -59,12 +60,14 @@ def wait_start(
             return None
         try:
             if view is None:
-                view = client.report_job(url, body)
+                view = client.report_job(url, body, proof=proof)
             else:
                 later = client.job(url, int(number(view.get("version")) or 0), START_POLL_S)
                 view = None if later.get("boot") != view.get("boot") else later
                 if view is None:
                     continue  # the sidecar restarted: it must hear we are starting
+        except WriteRefused:
+            raise  # not the token: no retry can start the job
         except RallypointError as exc:
             if not gone:
                 say(f"rallypoint: warning: {exc}; waiting for the sidecar to start")
@@ -187,6 +190,7 @@ def follow_stop(
     stop: Callable[[dict[str, object]], None],
     over: threading.Event,
     *,
+    proof: str | None = None,
     say: Callable[[str], None],
 ) -> None:
     """Report the attempt's start (``running``'s body), then long-poll the sidecar until it
@@ -197,7 +201,7 @@ def follow_stop(
     while not over.is_set():
         try:
             view = (
-                client.report_job(url, running())
+                client.report_job(url, running(), proof=proof)
                 if boot is None
                 else client.job(url, version, POLL_S)
             )

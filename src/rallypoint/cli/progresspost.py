@@ -28,8 +28,9 @@ POST_TIMEOUT_S = 2.0
 class Publisher:
     """Posts the latest mark of one attempt to the sidecar, at most once per PUBLISH_S."""
 
-    def __init__(self, url: str, attempt: int) -> None:
+    def __init__(self, url: str, attempt: int, *, proof: str | None = None) -> None:
         self.url = url
+        self.proof = proof
         self.attempt = attempt
         self._latest: tuple[progressfile.Mark, float | None] | None = None
         self._new = threading.Event()
@@ -61,7 +62,10 @@ class Publisher:
         )
         try:
             client.report_progress(
-                self.url, wirejobs.encode_progress(report), timeout_s=POST_TIMEOUT_S
+                self.url,
+                wirejobs.encode_progress(report),
+                proof=self.proof,
+                timeout_s=POST_TIMEOUT_S,
             )
         except RallypointError:
             return False
@@ -82,9 +86,11 @@ def start(
     watch: progressfile.Watch,
     stalled: Callable[[progressfile.Stall], None],
     over: threading.Event,
+    *,
+    proof: str | None = None,
 ) -> Publisher:
     """Follow the attempt's progress file and post its marks, until ``over`` is set."""
-    publisher = Publisher(url, attempt)
+    publisher = Publisher(url, attempt, proof=proof)
     threading.Thread(
         target=watch.follow,
         args=(stalled, over, publisher.offer),

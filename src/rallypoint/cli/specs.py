@@ -57,6 +57,8 @@ class Spec:
 
 _S = Settings()
 _PORT = rules.Int("port", 1, 65535, "a port number: use an integer 1-65535")
+#: The local and peer ports' default: one pair per Slurm job (settings.job_ports).
+_JOB_PORTS = "%d; under Slurm, one pair per SLURM_JOB_ID"
 
 LOGGING = (
     Spec("--log-format", "Log format on stderr.", rule=rules.Choice(("text", "json")),
@@ -67,7 +69,7 @@ LOCAL = (
     Spec("--local-host", "Local API addresses (repeat or comma-separate).",
          show_default="127.0.0.1,::1", dest="local_hosts", envvar="RALLYPOINT_LOCAL_HOSTS",
          multiple=True, rule=rules.Words("HOST")),
-    Spec("--local-port", "Local API port.", rule=_PORT, default=_S.local_port),
+    Spec("--local-port", "Local API port.", rule=_PORT, show_default=_JOB_PORTS % _S.local_port),
 )  # fmt: skip
 MDNS_INTERFACES = Spec(
     "--mdns-interface", "mDNS interfaces (repeat or comma-separate).", show_default="all",
@@ -76,12 +78,19 @@ MDNS_INTERFACES = Spec(
 )  # fmt: skip
 _SECONDS = rules.Seconds()
 
+#: The session secret: the sidecar signs peer messages with it, and `run` proves it on the
+#: local API's writes (docs/api.md, "Writes").
+TOKEN_FILE = Spec(
+    "--token-file",
+    "File with the session secret (RALLYPOINT_TOKEN: the secret itself).",
+    metavar="FILE",
+)
 #: Every option of `serve`, `derive` and `demo`, in --help order.
 SETTINGS = (
     Spec("--provider", "Cluster provider.", rule=rules.Provider(), show_default="detect"),
     *LOCAL,
     Spec("--peer-host", "Peer API address.", default=_S.peer_host, metavar="HOST"),
-    Spec("--peer-port", "Peer API port.", rule=_PORT, default=_S.peer_port),
+    Spec("--peer-port", "Peer API port.", rule=_PORT, show_default=_JOB_PORTS % _S.peer_port),
     Spec("--metrics-port", "Serve GET /metrics, and nothing else, on this port for a "
          "cluster's Prometheus.", rule=_PORT, show_default="off"),
     Spec("--metrics-host", "Address of the metrics listener (with --metrics-port).",
@@ -136,8 +145,7 @@ SETTINGS = (
     Spec("--tf-layout", "TF_CONFIG layout.", rule=rules.TFLayout(), default=_S.tf_layout),
     Spec("--set", "Override a served variable (repeat; in the variable, one per line).",
          dest="sets", rule=rules.KeyValue(), multiple=True),
-    Spec("--token-file", "File with the session secret (RALLYPOINT_TOKEN: the secret itself).",
-         metavar="FILE"),
+    TOKEN_FILE,
     Spec("--relay-group",
          "Ranks per relay in the fan-out tree (auto: sqrt(N) from 512 nodes; 0: none).",
          dest="relay_group_size", rule=rules.RelayGroup(), default="auto"),

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from rallypoint.cli import rules, termination
-from rallypoint.cli.options import client_options, opt, quiet_option, wait_timeout
+from rallypoint.cli import rules, specs, termination
+from rallypoint.cli.options import client_options, opt, option, quiet_option, wait_timeout
 from rallypoint.cli.output import EXIT_USAGE, Command, exit_code
 from rallypoint.cli.progressfile import Bounds
 from rallypoint.cli.setup import base_url, setup
@@ -105,6 +105,7 @@ FIRST_LINE = "rallypoint: first failure"
     envvar="RALLYPOINT_TERMINATION_LOG",
     metavar="FILE",
 )
+@option(specs.TOKEN_FILE)
 @quiet_option
 @client_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -151,6 +152,7 @@ def run(
         command,
         {**os.environ, **values},
         url=base_url(ctx, settings),
+        proof=_local_proof(settings.token),
         grace_s=grace,
         lost_code=lost_exit_code,
         say=say,
@@ -164,3 +166,12 @@ def run(
     if status != 0 and firsts:
         termination.write(termination_log, firsts[-1], say)
     raise click.exceptions.Exit(status)
+
+
+def _local_proof(token: str | None) -> str | None:
+    """What proves the session token on the sidecar's writes; None without a token."""
+    if token is None:
+        return None
+    from rallypoint.auth import Authenticator
+
+    return Authenticator(token).local_proof()

@@ -66,6 +66,7 @@ class Supervisor:
         env: Mapping[str, str],
         *,
         url: str,
+        proof: str | None = None,
         grace_s: float,
         lost_code: int,
         say: Callable[[str], None],
@@ -78,6 +79,8 @@ class Supervisor:
         self.command = list(command)
         self.env = dict(env)
         self.url = url
+        #: Proves the session token on the sidecar's writes (None: the sidecar has none).
+        self.proof = proof
         self.grace_s = grace_s
         self.lost_code = lost_code
         self.say = say
@@ -126,6 +129,7 @@ class Supervisor:
                 self.url,
                 self._started,
                 bound,
+                proof=self.proof,
                 stopped=lambda: self._terminated is not None,
                 say=self.say,
                 rejoin_s=None if last is None else self.rejoin_timeout_s,
@@ -200,12 +204,12 @@ class Supervisor:
         threading.Thread(
             target=jobview.follow_stop,
             args=(self.url, self._running_body, lambda view: events.put(("stop", view)), over),
-            kwargs={"say": self.say},
+            kwargs={"proof": self.proof, "say": self.say},
             name="rallypoint-watch",
             daemon=True,
         ).start()
         self._publisher = progresspost.start(
-            self.url, attempt, progress, lambda s: events.put(("stall", s)), over
+            self.url, attempt, progress, lambda s: events.put(("stall", s)), over, proof=self.proof
         )
         try:
             return self._supervise()
@@ -359,7 +363,7 @@ class Supervisor:
         report = wirejobs.Report(state, self._started, code, signal, at, self._attempt, detail)
         body = wirejobs.encode_report(report)
         try:
-            return client.report_job(self.url, body, timeout_s=timeout_s)
+            return client.report_job(self.url, body, proof=self.proof, timeout_s=timeout_s)
         except RallypointError:
             return None  # the watcher says once that the sidecar is gone
 

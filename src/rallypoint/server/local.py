@@ -7,9 +7,10 @@ import math
 
 from aiohttp import web
 
-from rallypoint.errors import HostfileError, MeshUnavailable
+from rallypoint.auth import LOCAL_PROOF_HEADER
+from rallypoint.errors import AuthError, HostfileError, MeshUnavailable
 from rallypoint.model import Env
-from rallypoint.reasons import Reason
+from rallypoint.reasons import Reason, auth_reason
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.served import hostfile, render
 from rallypoint.server.common import NO_STORE, NODE, api_app, error_response, single_query
@@ -171,11 +172,18 @@ async def _job(request: web.Request) -> web.Response:
 
 def _refused(request: web.Request) -> web.Response | None:
     """Why a report from `run` (POST /job, /job/progress) cannot be taken; None: it can."""
+    node = request.app[NODE]
+    # With a session token, a write proves it (`run` has it): another user of a shared host
+    # cannot stop this session's job. Reads stay open on loopback.
+    try:
+        node.auth.check_local(request.headers.get(LOCAL_PROOF_HEADER))
+    except AuthError as exc:
+        node.metrics.auth_failures.labels(auth_reason(exc)).inc()
+        return error_response(403, f"POST {request.path}: {exc}", "forbidden")
     # JSON only: a web page cannot send that without a CORS preflight, which nothing answers,
     # so no page a browser on this host opens can stop the cluster's job.
     if request.content_type != "application/json":
         return error_response(415, f"POST {request.path} takes application/json", "bad_request")
-    node = request.app[NODE]
     if node.jobs is None or node.progress is None:
         return error_response(503, "the node list is not known yet (mDNS discovery)", "discovering")
     return None

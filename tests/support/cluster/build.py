@@ -125,6 +125,12 @@ class Cluster:
     def node_environ(self, node: Node) -> Mapping[str, str]:
         return self.environ_for(self, node)
 
+    def secret_environ(self) -> dict[str, str]:
+        """The session secret the sidecars were given, which every process of a node gets
+        too, as a container's environment gives it: `run` proves it on its writes."""
+        keys = ("RALLYPOINT_TOKEN", "RALLYPOINT_TOKEN_FILE")
+        return {k: v for k, v in self.sidecar_env.items() if k in keys}
+
     def start_all(self, args: Sequence[str] = ()) -> None:
         """Start a sidecar on every node, in orchestrator order."""
         for node in self:

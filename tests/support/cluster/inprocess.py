@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from rallypoint.auth import LOCAL_PROOF_HEADER, Authenticator
 from rallypoint.model import ClusterSpec
 from rallypoint.settings import Settings
 from rallypoint.sidecar import Sidecar
@@ -96,6 +97,16 @@ class Cluster:
 
     def local_url(self, rank: int, path: str) -> str:
         return f"http://127.0.0.1:{self.local_ports[rank]}{path}"
+
+    def run_env(self) -> dict[str, str]:
+        """What `rallypoint run` needs beside its local port: the session token, when set."""
+        return {} if self.token is None else {"RALLYPOINT_TOKEN": self.token}
+
+    def write_headers(self) -> dict[str, str]:
+        """The header that proves the token on a local write, as `run` sends it."""
+        if self.token is None:
+            return {}
+        return {LOCAL_PROOF_HEADER: "Bearer " + Authenticator(self.token).local_proof()}
 
 
 def address(rank: int) -> str:

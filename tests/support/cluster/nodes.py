@@ -93,13 +93,15 @@ class Node(LinkFaults):
         return self.cluster.workdir / f"{self.name}.tmp"
 
     def environ(self, env: Mapping[str, str] | None) -> dict[str, str]:
-        """A child's environment: the base one, TMPDIR in the cluster's directory, then ``env``.
+        """A child's environment: the base one, TMPDIR in the cluster's directory, the session
+        secret (Cluster.secret_environ), then ``env``.
 
         torchrun leaves a log directory in TMPDIR at every start; in /tmp they piled up.
         """
         self.tmpdir.mkdir(exist_ok=True)
         full_env = base_environ()
         full_env["TMPDIR"] = str(self.tmpdir)
+        full_env.update(self.cluster.secret_environ())
         full_env.update(env or {})
         return full_env
 
