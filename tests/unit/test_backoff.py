@@ -1,4 +1,5 @@
-"""The shared backoff: its delay schedule from tables, and a pause a wake event cuts short."""
+"""The shared backoff: its delay schedule from tables (core/backoff.py), and a pause a wake
+event cuts short (net/pause.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 import pytest
 
 from rallypoint.core.backoff import Backoff, Jitter
+from rallypoint.net.pause import Pause
 
 
 def _delays(backoff: Backoff, n: int, cap_s: float | None = None) -> list[float]:
@@ -53,7 +55,7 @@ def test_a_seeded_rng_gives_the_same_delays() -> None:
 
 async def test_a_wake_event_ends_the_pause_and_restarts_the_schedule() -> None:
     wake = asyncio.Event()
-    backoff = Backoff(3600.0, 8 * 3600.0, jitter="none", wake=wake)
+    backoff = Pause(3600.0, 8 * 3600.0, jitter="none", wake=wake)
     assert _delays(backoff, 3)[-1] == 4 * 3600.0
     asyncio.get_running_loop().call_later(0.01, wake.set)
     async with asyncio.timeout(5):
@@ -66,11 +68,11 @@ async def test_a_wake_set_before_the_pause_skips_it() -> None:
     wake = asyncio.Event()
     wake.set()
     async with asyncio.timeout(5):
-        assert await Backoff(3600.0, 3600.0, wake=wake).sleep() is True
+        assert await Pause(3600.0, 3600.0, wake=wake).sleep() is True
     assert not wake.is_set()
 
 
 async def test_a_pause_without_a_wake_up_runs_its_course() -> None:
     wake = asyncio.Event()
-    assert await Backoff(0.01, 0.01, jitter="none", wake=wake).sleep() is False
-    assert await Backoff(0.01, 0.01, jitter="none").sleep() is False
+    assert await Pause(0.01, 0.01, jitter="none", wake=wake).sleep() is False
+    assert await Pause(0.01, 0.01, jitter="none").sleep() is False

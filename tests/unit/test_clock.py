@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from rallypoint import wire
 from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.core import clock
+from rallypoint.core.clock import ClockFacts, ClockStamp
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.model import ClusterSpec
-from rallypoint.wire.stamps import ClockFacts, ClockStamp
 
 NONCE = "0123456789abcdef0123456789abcdef"
 

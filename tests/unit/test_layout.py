@@ -181,3 +181,28 @@ def test_the_rendezvous_imports_no_other_wing(path: Path) -> None:
     others = tuple(f"rallypoint.{wing}" for wing in WINGS if wing != "rendezvous")
     found = sorted(m for m in rallypoint_imports(path) if m.startswith(others))
     assert not found, f"rendezvous/{path.name} imports {found}"
+
+
+def all_imports(path: Path) -> set[str]:
+    """Every module a source file imports by absolute name, anywhere in it (type-checking
+    imports and imports inside functions included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "core").glob("*.py")), ids=lambda p: p.name)
+def test_core_is_the_floor_it_imports_no_wire_net_or_asyncio(path: Path) -> None:
+    above = ("rallypoint.wire", "rallypoint.net", "asyncio", "aiohttp")
+    found = sorted(m for m in all_imports(path) if m == "rallypoint" or m.startswith(above))
+    assert not found, f"core/{path.name} imports {found}: core is the floor (docs/architecture.md)"
+
+
+def test_the_floor_scan_can_fail(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    import asyncio\n    from rallypoint.wire import fields\n")
+    assert {"asyncio", "rallypoint.wire"} <= all_imports(planted)

@@ -15,6 +15,7 @@ from rallypoint.core import mesh
 from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
 from rallypoint.reasons import Reason, unreachable_reason
+from rallypoint.wire import routes
 
 HOSTS = ["main1", "sub1", "sub2", "sub3"]
 
@@ -42,6 +43,7 @@ def view(
         reports=reports,
         scope=scope,
         excused=kw.pop("excused", lambda r: False),  # type: ignore[arg-type]
+        cut=wire.MAX_FAILURES,
     )
 
 
@@ -192,11 +194,11 @@ def test_the_rendering_stacks_the_digits_of_wide_ranks() -> None:
 
 
 def test_a_mesh_answer_must_carry_its_counts() -> None:
-    assert mesh.parse(json.dumps({"counts": {}, "nnodes": 2}).encode())["nnodes"] == 2
+    assert routes.parse_mesh(json.dumps({"counts": {}, "nnodes": 2}).encode())["nnodes"] == 2
     with pytest.raises(PeerMessageError, match="counts and nnodes"):
-        mesh.parse(b'{"nnodes": 2}')
+        routes.parse_mesh(b'{"nnodes": 2}')
     with pytest.raises(PeerMessageError, match="not JSON"):
-        mesh.parse(b"<html>")
+        routes.parse_mesh(b"<html>")
 
 
 def _peer(rank: int, **kw: object) -> dict[str, object]:

@@ -11,13 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rallypoint import wire
-from rallypoint.core import mesh
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire import batch as wirebatch
-from rallypoint.wire import cluster, fields
+from rallypoint.wire import cluster, fields, routes
 from rallypoint.wire import jobs as wirejobs
 
 MEMBERS = (
@@ -153,7 +152,7 @@ PARSERS: tuple[Parse, ...] = (
     wirealive.parse_alive,
     wirealive.parse_answer,
     wirejobs.parse_report,
-    mesh.parse,
+    routes.parse_mesh,
 )
 
 

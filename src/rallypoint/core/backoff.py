@@ -1,13 +1,9 @@
-"""Capped exponential backoff: the delay schedule, and a pause that a wake-up event cuts short."""
+"""Capped exponential backoff: the delay schedule (pure; net/pause.py pauses on the loop)."""
 
 from __future__ import annotations
 
-import contextlib
 import random
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    import asyncio
+from typing import Literal
 
 #: How a pause is drawn below its ceiling: "full" uniform(0, c) spreads nodes that started
 #: together the most; "half" uniform(c/2, c) keeps a floor; "none" is c itself.
@@ -28,13 +24,11 @@ class Backoff:
         *,
         jitter: Jitter = "full",
         rng: random.Random | None = None,
-        wake: asyncio.Event | None = None,
     ) -> None:
         self.initial_s = initial_s
         self.max_s = max_s
         self.jitter: Jitter = jitter
         self._rng = rng or random.Random()
-        self._wake = wake
         self._attempt = 0
 
     def reset(self) -> None:
@@ -53,27 +47,3 @@ class Backoff:
         if self.jitter == "half":
             return self._rng.uniform(ceiling / 2, ceiling)
         return ceiling
-
-    async def sleep(self, cap_s: float | None = None) -> bool:
-        """Pause for the next delay; True when the wake event ended it (then it is cleared).
-
-        A wake-up (a poke, an mDNS announcement) means the reason to wait is gone, so the
-        schedule restarts from ``initial_s``.
-        """
-        # Imported here, not at the top: a coroutine finds asyncio loaded already, and the
-        # blocking client (`rallypoint wait`) must not pay for it at start-up
-        # (docs/performance.md).
-        import asyncio
-
-        wake = self._wake
-        if wake is None:
-            await asyncio.sleep(self.next_s(cap_s))
-            return False
-        if not wake.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self.next_s(cap_s))
-        woke = wake.is_set()
-        wake.clear()
-        if woke:
-            self.reset()
-        return woke

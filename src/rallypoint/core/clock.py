@@ -2,8 +2,8 @@
 
 NTP's on-wire arithmetic (RFC 5905, section 8): a worker notes t1 on its wall clock when it
 sends a join or a report and t4 when the answer arrives; the answer carries t2 (received) and
-t3 (answered) on the master's clock (wire/stamps.ClockStamp). Then the master's clock minus
-this node's is ((t2 - t1) + (t3 - t4)) / 2, within half the round trip
+t3 (answered) on the master's clock (ClockStamp, below; wire/stamps.py reads it). Then the
+master's clock minus this node's is ((t2 - t1) + (t3 - t4)) / 2, within half the round trip
 (t4 - t1) - (t3 - t2). Of the last SAMPLES_KEPT samples the one with the lowest round trip
 is the estimate. Here ``offset_s`` is always this node's clock minus the master's (positive:
 ahead), the opposite sign of NTP's theta, so that "sub2 is 600 s ahead" reads as +600.
@@ -16,14 +16,47 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Annotated
 
 import msgspec
 
-from rallypoint import wire
-from rallypoint.model import ClusterSpec
+from rallypoint.model import ClusterSpec, one_of, text, within
 from rallypoint.reasons import Reason
-from rallypoint.wire.stamps import ClockFacts, ClockStamp
+
+#: Largest Unix timestamp accepted (auth.py's timestamps have at most 12 digits).
+MAX_TIMESTAMP = 1e12
+#: Longest an answer may have been held (a long-poll) between receipt and answer.
+MAX_HOLD_S = 24 * 3600.0
+#: Largest offset or round trip a report may claim.
+MAX_OFFSET_S = 1e12
+MAX_RTT_S = 3600.0
+#: Largest number of samples a report may claim.
+MAX_SAMPLES = 1 << 20
+#: Who answered: the master itself, or a relay on its corrected clock.
+SOURCES = ("master", "relay")
+Timestamp = Annotated[float, within(0.0, MAX_TIMESTAMP)]
+Source = Annotated[str, one_of(SOURCES)]
+
+
+class ClockStamp(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An answer's clock: when its request arrived and when it left (Unix seconds)."""
+
+    received: Timestamp
+    answered: Timestamp
+    source: Source
+    #: The request's nonce (with a token): proves the answer was made for that request.
+    nonce: Annotated[str, text(r"^[0-9a-f]{32}\Z", "32 hex digits")] | None = None
+
+
+class ClockFacts(msgspec.Struct, frozen=True):
+    """A node's clock against the master's, as it reports it: this node's minus the master's."""
+
+    offset_s: Annotated[float, within(-MAX_OFFSET_S, MAX_OFFSET_S)]
+    rtt_s: Annotated[float, within(0.0, MAX_RTT_S)]
+    samples: Annotated[int, within(1, MAX_SAMPLES)]
+    source: Source = "master"
+
 
 #: Samples kept; the estimate is the one among them with the lowest round trip.
 SAMPLES_KEPT = 8
@@ -135,17 +168,6 @@ class ClockEstimate:
             "source": "self" if self.reference else (None if best is None else best.source),
             "refused": {sender: round(s, 3) for sender, s in self.refusals.items()},
         }
-
-
-def with_facts(
-    send: Callable[[wire.Report], Awaitable[wire.Verdict]], facts: Callable[[], ClockFacts | None]
-) -> Callable[[wire.Report], Awaitable[wire.Verdict]]:
-    """A report transport that adds this node's clock facts to every report it sends."""
-
-    async def reporting(report: wire.Report) -> wire.Verdict:
-        return await send(msgspec.structs.replace(report, clock=facts()))
-
-    return reporting
 
 
 def direction(skew_s: float) -> str:

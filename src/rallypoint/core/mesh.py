@@ -7,8 +7,8 @@ failures, each naming its pair. From the reports of the current generation a pai
 - passed: its node's report passed, or listed failures that are all about other pairs;
 - failed, with the short cause of its first failure (timeout, refused, path_mtu, name, ...);
 - checking: its node reported no outcome yet (its checks run);
-- unknown: its node's report was cut at wire.MAX_FAILURES failures, so this pair's fate
-  did not fit;
+- unknown: its node's report was cut at the failures a report carries (``cut``,
+  wire.MAX_FAILURES), so this pair's fate did not fit;
 - not tried: its node has not reported, or the pair is outside its node's scope.
 
 A failure the master excuses (the job already listens on a busy window) counts as passed,
@@ -18,16 +18,12 @@ as it does in the verdict. Pure: from the book's fields to a JSON-ready dict.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from rallypoint import wire
 from rallypoint.core import names
-from rallypoint.errors import PeerMessageError
+from rallypoint.core.links import LinkStat
 from rallypoint.reasons import Reason
-from rallypoint.wire.fields import load
 
-#: The largest mesh answer a node takes from its master (GET /v1/mesh).
-MAX_BYTES = 4 * 1024 * 1024
 #: The own problems listed per node (its own name, its clock, ...).
 PROBLEMS_SHOWN = 4
 #: Up to this many nodes the view carries the whole matrix; above it, the nodes with problems.
@@ -67,6 +63,19 @@ _STATES = {PASSED: "passed", CHECKING: "checking", UNKNOWN: "unknown", NOT_TRIED
 Scope = Callable[[int], Sequence[int]]
 
 
+class Checked(Protocol):
+    """What the mesh reads of a node's report (wire.Report)."""
+
+    @property
+    def passed(self) -> bool: ...
+
+    @property
+    def failures(self) -> Sequence[Reason]: ...
+
+    @property
+    def links(self) -> Sequence[LinkStat]: ...
+
+
 def cause(reason: Reason) -> str:
     """The short cause of a pair's failure: the probe's cause, or ``name`` for its DNS check."""
     if reason.code == "path_mtu":
@@ -82,11 +91,15 @@ def view(
     *,
     hosts: Sequence[str],
     generation: str | None,
-    reports: Mapping[int, wire.Report],
+    reports: Mapping[int, Checked],
     scope: Scope,
     excused: Callable[[Reason], bool],
+    cut: int,
 ) -> dict[str, object]:
-    """The mesh of one generation: counts by state, problem pairs and nodes, matrix if small."""
+    """The mesh of one generation: counts by state, problem pairs and nodes, matrix if small.
+
+    ``cut``: the failures a report carries at most (a report that many long may have left
+    some out)."""
     nnodes = len(hosts)
     rank_of = {host.lower(): rank for rank, host in enumerate(hosts)}
     counts = dict.fromkeys([*_STATES.values(), "failed"], 0)
@@ -98,7 +111,7 @@ def view(
     matrix = nnodes <= MATRIX_MAX_NODES
     for rank in range(nnodes):
         report = reports.get(rank)
-        row = _row(rank, report, rank_of, excused)
+        row = _row(rank, report, rank_of, excused, cut)
         failed = row.failed
         # A pair its node failed counts even if this master's scope would not have drawn it.
         peers = sorted({r for r in scope(rank) if r != rank} | failed.keys())
@@ -148,9 +161,10 @@ class _Row(NamedTuple):
 
 def _row(
     rank: int,
-    report: wire.Report | None,
+    report: Checked | None,
     rank_of: Mapping[str, int],
     excused: Callable[[Reason], bool],
+    cut: int,
 ) -> _Row:
     if report is None:
         return _Row(NOT_TRIED, {}, [])
@@ -164,7 +178,7 @@ def _row(
             own.append(reason)
         elif not excused(reason):
             failed.setdefault(to, reason)  # the first failure of a pair names its cause
-    if len(report.failures) >= wire.MAX_FAILURES:
+    if len(report.failures) >= cut:
         default = UNKNOWN  # more may have failed than the report could carry
     elif report.failures:
         default = PASSED  # its checks ran: what is not listed passed
@@ -213,7 +227,7 @@ def _pair(
 
 
 def _node(
-    rank: int, host: str, report: wire.Report | None, failed: int, own: list[Reason]
+    rank: int, host: str, report: Checked | None, failed: int, own: list[Reason]
 ) -> dict[str, object]:
     if report is None:
         state = "not_reported"
@@ -232,7 +246,7 @@ def _node(
     }
 
 
-def _links(reports: Mapping[int, wire.Report], hosts: Sequence[str]) -> list[dict[str, object]]:
+def _links(reports: Mapping[int, Checked], hosts: Sequence[str]) -> list[dict[str, object]]:
     """Each measured link's throughput, slowest first (the first PAIRS_SHOWN)."""
     measured = [
         (min(link.up_mbps, link.down_mbps), rank, link)
@@ -251,11 +265,3 @@ def _links(reports: Mapping[int, wire.Report], hosts: Sequence[str]) -> list[dic
 def scope_of(nnodes: int, resolve_scope: str, session: str) -> Scope:
     """The peers each rank checks, as names.scope_ranks draws them (the master's setting)."""
     return lambda rank: names.scope_ranks(nnodes, rank, resolve_scope, seed=session)
-
-
-def parse(body: bytes) -> dict[str, object]:
-    """A mesh answer from the master: a JSON object with its counts (it is shown, not acted on)."""
-    data = load(body, dict[str, object], MAX_BYTES, "mesh")
-    if not isinstance(data.get("counts"), dict) or not isinstance(data.get("nnodes"), int):
-        raise PeerMessageError("mesh: counts and nnodes are missing")
-    return data

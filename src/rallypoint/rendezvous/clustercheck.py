@@ -19,10 +19,11 @@ from typing import Protocol
 import msgspec
 
 from rallypoint import wire
-from rallypoint.core.backoff import Backoff
+from rallypoint.core.clock import ClockFacts
 from rallypoint.core.links import LinkStat
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc, ClusterSpec
+from rallypoint.net.pause import Pause
 from rallypoint.net.peerhttp import PeerClient
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.masterbook import MasterBook
@@ -89,13 +90,19 @@ async def answer_reports(
     return await book.verdict.wait(generation, verdict.version, long_poll_s)
 
 
-def http_transport(client: PeerClient, target: Callable[[], tuple[str, int] | None]) -> Transport:
-    """A worker reports to the master's peer API at the address it last joined through."""
+def http_transport(
+    client: PeerClient,
+    target: Callable[[], tuple[str, int] | None],
+    facts: Callable[[], ClockFacts | None],
+) -> Transport:
+    """A worker reports to the master's peer API at the address it last joined through, each
+    report with this node's clock facts as they are then (core/clock.py)."""
 
     async def send(report: wire.Report) -> wire.Verdict:
         where = target()
         if where is None:
             raise PeerDown("the master's peer API address is not known yet")
+        report = msgspec.structs.replace(report, clock=facts())
         return await client.post_report(where, wire.encode_report(report))
 
     return send
@@ -194,9 +201,7 @@ class GenerationCheck:
     async def follow(self) -> wire.Verdict:
         """Report until the master's verdict says every node passed; that verdict."""
         # No wake-up event: a report retry waits out its pause.
-        backoff = Backoff(
-            self.settings.backoff_initial_s, self.settings.backoff_max_s, rng=self._rng
-        )
+        backoff = Pause(self.settings.backoff_initial_s, self.settings.backoff_max_s, rng=self._rng)
         # Nothing to tell the master while the first checks run: it counts a node that has not
         # reported as still checking. The first report carries their outcome.
         while self.verdict is None and not self._failures() and not self.passed:

@@ -11,11 +11,11 @@ import msgspec
 
 from rallypoint import wire
 from rallypoint.core import names
-from rallypoint.core.backoff import Backoff
 from rallypoint.core.names import Resolution
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.model import ClusterDoc, Env, Member, OverrideSource
 from rallypoint.net import netinfo, resolve
+from rallypoint.net.pause import Pause
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.served import derive
@@ -77,7 +77,7 @@ class NameCheck:
         the connection checks at once (connectivity.Connections.name_passed).
         """
         # A steady pause between half and all of RECHECK_S, so nodes do not judge in lockstep.
-        recheck = Backoff(RECHECK_S, RECHECK_S, jitter="half", rng=self.ctx.rng)
+        recheck = Pause(RECHECK_S, RECHECK_S, jitter="half", rng=self.ctx.rng)
         while True:
             connections.names_again()
             checked = await self.check(doc, report.peer_failed, connections.name_passed)

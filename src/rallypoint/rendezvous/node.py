@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from rallypoint.auth import Authenticator
 from rallypoint.core import fanout, liveness
-from rallypoint.core.clock import ClockEstimate, with_facts
+from rallypoint.core.clock import ClockEstimate
 from rallypoint.core.lifecycle import AsyncResource
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec, Member, OverrideSource
@@ -290,8 +290,7 @@ class Rendezvous(AsyncResource):
         """Where this node's reports go: the master's own book, or the master's peer API."""
         if self.book is not None:
             return local_transport(self.book, self.settings.long_poll_s)
-        transport = http_transport(self.peer_client, lambda: self.master_target)
-        return with_facts(transport, self.offsets.facts)
+        return http_transport(self.peer_client, lambda: self.master_target, self.offsets.facts)
 
     def _node_context(self, spec: ClusterSpec) -> NodeContext:
         """What the master, worker and verification share, for ``spec``."""

@@ -18,10 +18,10 @@ import msgspec
 
 from rallypoint.auth import Authenticator
 from rallypoint.core import links
-from rallypoint.core.backoff import Backoff
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.net import datapath, probe
+from rallypoint.net.pause import Pause
 from rallypoint.reasons import (
     Reason,
     path_mtu_reason,
@@ -103,7 +103,7 @@ class Prober:
         failing = await self._round(targets, started)
         on_change(list(failing.values()))
         # Half jitter: a floor of half the ceiling keeps retries of a failing port spaced out.
-        backoff = Backoff(
+        backoff = Pause(
             self.settings.backoff_initial_s,
             self.settings.backoff_max_s,
             jitter="half",

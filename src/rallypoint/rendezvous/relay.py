@@ -16,9 +16,9 @@ from typing import Any
 
 from rallypoint import wire
 from rallypoint.core import fanout
-from rallypoint.core.backoff import Backoff
 from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, Member
+from rallypoint.net.pause import Pause
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.masterbook import EncodedDoc
 from rallypoint.rendezvous.upstream import Upstream
@@ -248,7 +248,7 @@ class Relay:
                         self._turned_away.add(member.rank)
 
     async def _send_reports(self) -> None:
-        backoff = Backoff(
+        backoff = Pause(
             self.ctx.settings.backoff_initial_s, self.ctx.settings.backoff_max_s, rng=self.ctx.rng
         )
         while True:

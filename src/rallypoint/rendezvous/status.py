@@ -195,4 +195,5 @@ def mesh_view(book: MasterBook, settings: Settings) -> dict[str, object]:
         reports=book.verdict.reports,
         scope=mesh.scope_of(spec.nnodes, settings.resolve_scope, spec.session),
         excused=book.verdict.excused,
+        cut=wire.MAX_FAILURES,
     )

@@ -9,11 +9,11 @@ from typing import Protocol
 
 from rallypoint import wire
 from rallypoint.core import fanout, names
-from rallypoint.core.backoff import Backoff
 from rallypoint.core.clock import skew_reason
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.net import resolve
+from rallypoint.net.pause import Pause
 from rallypoint.reasons import Reason, auth_reason
 from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.race import unless_set
@@ -96,7 +96,7 @@ class Worker:
             Reason("waiting_for_master", f"joining the master {master}", host=master)
         )
         # Full jitter, and a poke (the master came up, a new generation) ends the pause.
-        backoff = Backoff(
+        backoff = Pause(
             self.ctx.settings.backoff_initial_s,
             self.ctx.settings.backoff_max_s,
             rng=self.ctx.rng,
@@ -149,7 +149,7 @@ class Worker:
                 self._refused = None
                 self.node.accept(doc)
 
-    async def _join(self, own: Member, after: str | None, backoff: Backoff) -> Joined:
+    async def _join(self, own: Member, after: str | None, backoff: Pause) -> Joined:
         """Join through our relay, else the master, until one accepts: where, and its answer."""
         body = wire.encode_join(wire.JoinRequest(self.ctx.spec.session, own, after))
         while True:

@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from rallypoint.auth import NONCE_HEADER
+from rallypoint.core.clock import ClockStamp
 from rallypoint.errors import MeshUnavailable
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.node import Rendezvous
@@ -24,7 +25,6 @@ from rallypoint.server.common import (
     single_query,
 )
 from rallypoint.wire import cluster, fields, routes
-from rallypoint.wire.stamps import ClockStamp
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TASK = web.AppKey("rendezvous_task", asyncio.Task[None])

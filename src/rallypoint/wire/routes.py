@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rallypoint import wire
-from rallypoint.core import mesh
+from rallypoint.errors import PeerMessageError
 from rallypoint.wire import alive, batch, cluster, fields
 
 #: Which of the client's deadlines a route's request runs under: one exchange
@@ -113,9 +113,22 @@ ALIVE = Route(
     alive.parse_answer, alive.MAX_ANSWER_BYTES, "caller",
     served_by="every node, after its first ready (or once its `run` reported)",
 )  # fmt: skip
+#: The largest mesh answer a node takes from its master (GET /v1/mesh).
+MAX_MESH_BYTES = 4 * 1024 * 1024
+
+
+def parse_mesh(body: bytes) -> dict[str, object]:
+    """A mesh answer (core/mesh.py's view): a JSON object with its counts (it is shown, not
+    acted on)."""
+    data = fields.load(body, dict[str, object], MAX_MESH_BYTES, "mesh")
+    if not isinstance(data.get("counts"), dict) or not isinstance(data.get("nnodes"), int):
+        raise PeerMessageError("mesh: counts and nnodes are missing")
+    return data
+
+
 #: The master's mesh view (a relay asks its master).
 MESH = Route(
-    "GET", "/v1/mesh", "mesh", None, fields.dump, mesh.parse, mesh.MAX_BYTES, "two_exchanges",
+    "GET", "/v1/mesh", "mesh", None, fields.dump, parse_mesh, MAX_MESH_BYTES, "two_exchanges",
     served_by="master, or a relay (which asks its master)",
 )  # fmt: skip
 
