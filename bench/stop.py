@@ -198,7 +198,7 @@ async def fanout_run(n: int) -> dict[str, Any]:
     """N sidecars in one loop: from one node's failure report to the first failure on all."""
     from tests.support.cluster.inprocess import ready_cluster
 
-    from rallypoint.wire.jobs import Report
+    from rallypoint.wire.jobstates import Report
 
     settings = {r: {"keepalive_s": 30.0, "probe": False} for r in range(n)}
     async with ready_cluster(n, token="bench-secret", per_node=settings) as c:

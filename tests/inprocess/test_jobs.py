@@ -22,7 +22,7 @@ from rallypoint.rendezvous.jobwatch import JobWatch
 from rallypoint.rendezvous.keepalive import Keepalive
 from rallypoint.sidecar import Sidecar
 from rallypoint.wire import alive
-from rallypoint.wire.jobs import Report
+from rallypoint.wire.jobstates import Report
 from tests.support.cluster.inprocess import Cluster, all_ready, ready_cluster, until
 
 TOKEN = "jobs-test-secret"

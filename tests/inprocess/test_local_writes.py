@@ -14,7 +14,7 @@ import time
 
 import aiohttp
 
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 from tests.support.cluster.inprocess import Cluster, ready_cluster
 from tests.support.env import child_env
 
@@ -47,7 +47,7 @@ async def test_a_process_without_the_token_cannot_stop_the_job() -> None:
     async with ready_cluster(2, token=TOKEN, per_node={r: dict(FAST) for r in range(2)}) as c:
         runs = [await start_run(c, r, "sleep 3", c.run_env()) for r in range(2)]
         await until_running(c)
-        failed = wirejobs.encode_report(wirejobs.Report("exited", time.time(), code=1, attempt=0))
+        failed = jobstates.encode_report(jobstates.Report("exited", time.time(), code=1, attempt=0))
         wrong = Cluster(2, token="another-secret").write_headers()
         for headers in ({}, wrong, {"Authorization": "Basic dXNlcjpwYXNz"}):
             status, text = await post_job(c, 1, failed, headers)

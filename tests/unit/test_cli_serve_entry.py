@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rallypoint import cli
-from rallypoint.cli import run
+from rallypoint.cli import serve
 from rallypoint.errors import PortError
 from rallypoint.settings import Settings
 from tests.support.env import child_env
@@ -26,7 +26,7 @@ BENCH_ARGS = ["--no-mdns", "--local-host", "127.0.0.1", "--local-port", "7790",
 def ran(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Settings]]:
     """The Settings each `serve` would have run the sidecar with (the sidecar is not run)."""
     calls: list[Settings] = []
-    monkeypatch.setattr(run, "run_sidecar", lambda built, environ: calls.append(built))
+    monkeypatch.setattr(serve, "run_sidecar", lambda built, environ: calls.append(built))
     for key in [key for key in os.environ if key.startswith("RALLYPOINT_")]:
         monkeypatch.delenv(key)
     yield calls
@@ -94,7 +94,7 @@ def test_a_failing_sidecar_is_one_error_line_and_a_traceback_only_with_verbose(
     def fail(built: Settings, environ: dict[str, str]) -> None:
         raise failure
 
-    monkeypatch.setattr(run, "run_sidecar", fail)
+    monkeypatch.setattr(serve, "run_sidecar", fail)
     argv = ["serve", *BENCH_ARGS, *(["--verbose"] if verbose else [])]
     assert _main(monkeypatch, argv) == code
     err = capsys.readouterr().err
@@ -107,11 +107,11 @@ def test_a_failing_sidecar_is_one_error_line_and_a_traceback_only_with_verbose(
 
 _PROBE = """
 import json, sys
-from rallypoint.cli import run
+from rallypoint.cli import serve
 def run_sidecar(settings, environ):
     import rallypoint.sidecar  # what serve imports before its listeners bind
     print(json.dumps({"ran": True, "modules": sorted(sys.modules)}))
-run.run_sidecar = run_sidecar
+serve.run_sidecar = run_sidecar
 sys.argv = ["rallypoint", *json.loads(sys.argv[1])]
 from rallypoint.cli import main
 try:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rallypoint.cli import errorfile
 from rallypoint.cli.errorfile import ErrorFiles, parse_cause, read_cause
-from rallypoint.wire.jobs import MAX_CAUSE
+from rallypoint.wire.jobstates import MAX_CAUSE
 
 
 def torch_file(message: object, **extra: object) -> bytes:

@@ -1,4 +1,4 @@
-"""core/jobs.py and wire/jobs.py: job states, the first failure, exit statuses, the wire form."""
+"""core/jobs.py and wire/jobstates.py: job states, the first failure, exit statuses, wire form."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rallypoint.core import jobs
 from rallypoint.core.jobs import JobBook, JobState
 from rallypoint.errors import PeerMessageError
 from rallypoint.wire import alive as wirealive
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 from rallypoint.wire.fields import dump, load
 
 HOSTS = ("main1", "sub1", "sub2", "sub3")
@@ -134,9 +134,9 @@ def test_the_line_names_node_rank_what_and_when() -> None:
 
 def test_states_and_reports_round_trip() -> None:
     job = JobState(2, "sub2", "lost", 1.5, 2.25, detail="nothing heard")
-    assert load(dump(wirejobs.cut(job)), JobState, 1024, "job") == job
-    report = wirejobs.Report("killed", 1234.5, None, 9)
-    assert wirejobs.parse_report(wirejobs.encode_report(report)) == report
+    assert load(dump(jobstates.cut(job)), JobState, 1024, "job") == job
+    report = jobstates.Report("killed", 1234.5, None, 9)
+    assert jobstates.parse_report(jobstates.encode_report(report)) == report
     alive = wirealive.Alive("s", 2, "sub2", job=job, jobs=(job,), first=job, jobs_seen=4)
     assert wirealive.parse_alive(wirealive.encode_alive(alive)) == alive
     answer = wirealive.AliveAnswer(
@@ -164,12 +164,12 @@ def test_states_and_reports_round_trip() -> None:
 )
 def test_bad_reports_name_the_field(body: dict[str, object], fault: str) -> None:
     with pytest.raises(PeerMessageError, match=f"^job report: .*{fault}"):
-        wirejobs.parse_report(json.dumps(body).encode())
+        jobstates.parse_report(json.dumps(body).encode())
 
 
 def test_a_keepalive_may_not_carry_another_node_s_own_job() -> None:
     body = json.loads(wirealive.encode_alive(wirealive.Alive("s", 2, "sub2")))
-    body["job"] = json.loads(dump(wirejobs.cut(state(1, "exited", code=1))))
+    body["job"] = json.loads(dump(jobstates.cut(state(1, "exited", code=1))))
     with pytest.raises(PeerMessageError, match="sender's rank"):
         wirealive.parse_alive(json.dumps(body).encode())
 
@@ -208,7 +208,7 @@ def test_any_state_from_a_peer_is_a_state_or_a_clear_error(value: dict[str, obje
 @given(FIELDS)
 def test_any_report_is_a_report_or_a_clear_error(value: dict[str, object]) -> None:
     try:
-        report = wirejobs.parse_report(json.dumps(value).encode())
+        report = jobstates.parse_report(json.dumps(value).encode())
     except PeerMessageError:
         return
     assert report.state in jobs.REPORTED

@@ -11,7 +11,7 @@ from rallypoint.core.jobs import JobState
 from rallypoint.core.liveness import Down, Watch, status, warning
 from rallypoint.errors import PeerMessageError
 from rallypoint.wire import alive as wirealive
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 
 HOSTS = ("m", "a", "b", "c")
 
@@ -275,7 +275,7 @@ def test_messages_carry_values_at_wire_precision_and_within_limits() -> None:
     assert body["heard"] == [[3, 1.235]] and body["first"] is None
     for carried in (body["job"], body["jobs"][0]):
         assert carried["started"] == 1_700_000_000.123 and carried["since"] == 1_700_000_001.988
-        assert len(carried["detail"]) == wirejobs.MAX_DETAIL and "code" not in carried
+        assert len(carried["detail"]) == jobstates.MAX_DETAIL and "code" not in carried
     assert alive.job is not None and alive.job.started == 1_700_000_000.123456  # kept exact
     downs = tuple(
         Down(r, f"n{r}", 1e9, "silent", "y" * 400, "m") for r in range(wirealive.MAX_DOWN + 3)

@@ -1,6 +1,6 @@
 """Each node's last progress mark (core/progress.py): kept newest per node, summed up in
 constant size, and which node stopped first said only where the steps or the clocks tell it;
-the marks on the wire and from `run` are untrusted (wire/alive.py, wire/jobs.py)."""
+the marks on the wire and from `run` are untrusted (wire/alive.py, wire/jobstates.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rallypoint.cli.status import job_lines
 from rallypoint.core.progress import Mark, ProgressBook, Summary, behind, where
 from rallypoint.errors import PeerMessageError
 from rallypoint.wire import alive as wirealive
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 
 HOSTS = ("sub0", "sub1", "sub2", "sub3")
 
@@ -142,8 +142,8 @@ def test_an_answer_carries_at_most_two_oldest_marks() -> None:
 
 
 def test_runs_progress_report_round_trips_and_bad_ones_get_one_line() -> None:
-    report = wirejobs.ProgressReport(2, 1700000000.25, 1234, "checkpoint", 3)
-    assert wirejobs.parse_progress(wirejobs.encode_progress(report)) == report
+    report = jobstates.ProgressReport(2, 1700000000.25, 1234, "checkpoint", 3)
+    assert jobstates.parse_progress(jobstates.encode_progress(report)) == report
     for bad in (
         b"not json",
         b'{"at": 1.0}',
@@ -151,14 +151,14 @@ def test_runs_progress_report_round_trips_and_bad_ones_get_one_line() -> None:
         b"x" * 600,
     ):
         with pytest.raises(PeerMessageError, match="progress report") as caught:
-            wirejobs.parse_progress(bad)
+            jobstates.parse_progress(bad)
         assert "\n" not in str(caught.value)
 
 
 @given(st.binary(max_size=700))
 def test_any_bytes_give_a_report_or_one_error(data: bytes) -> None:
     try:
-        wirejobs.parse_progress(data)
+        jobstates.parse_progress(data)
     except PeerMessageError as exc:
         assert str(exc).startswith("progress report")
 

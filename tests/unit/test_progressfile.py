@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from rallypoint.cli import client, progressfile, progresspost, rules
 from rallypoint.cli.progressfile import Bounds, Mark, Unreadable, Watch, parse, read, where
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 
 
 def test_a_touch_is_progress_without_a_step() -> None:
@@ -196,11 +196,11 @@ def test_the_publisher_posts_the_newest_mark_and_never_drops_the_last(
 ) -> None:
     """Marks offered faster than once per PUBLISH_S: the first goes at once, the last one
     offered goes at the next turn, those between are replaced."""
-    posted: list[wirejobs.ProgressReport] = []
+    posted: list[jobstates.ProgressReport] = []
     monkeypatch.setattr(
         client,
         "report_progress",
-        lambda url, body, **_: posted.append(wirejobs.parse_progress(body)),
+        lambda url, body, **_: posted.append(jobstates.parse_progress(body)),
     )
     monkeypatch.setattr(progresspost, "PUBLISH_S", 0.3)
     publisher = progresspost.Publisher("http://127.0.0.1:1", attempt=4)
@@ -220,4 +220,4 @@ def test_the_publisher_posts_the_newest_mark_and_never_drops_the_last(
         over.set()
         thread.join(5.0)
     assert [(p.attempt, p.step) for p in posted] == [(4, 1), (4, 5)], posted
-    assert posted[1] == wirejobs.ProgressReport(4, 15.0, 5, "step", 2)
+    assert posted[1] == jobstates.ProgressReport(4, 15.0, 5, "step", 2)

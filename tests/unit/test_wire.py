@@ -16,8 +16,7 @@ from rallypoint.model import ClusterDoc, Member
 from rallypoint.reasons import Reason
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire import batch as wirebatch
-from rallypoint.wire import cluster, fields, routes
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import cluster, fields, jobstates, routes
 
 MEMBERS = (
     Member(0, "node0", ("10.0.0.1",), 2222),
@@ -151,7 +150,7 @@ PARSERS: tuple[Parse, ...] = (
     wirebatch.parse_report_batch,
     wirealive.parse_alive,
     wirealive.parse_answer,
-    wirejobs.parse_report,
+    jobstates.parse_report,
     routes.parse_mesh,
 )
 

@@ -7,7 +7,7 @@ import click
 # asyncio, the local API client, tempfile and secrets are imported inside the commands that
 # use them: `check` runs every few seconds as a HEALTHCHECK and needs neither asyncio nor
 # tempfile, and `serve` needs no HTTP client before its listeners are up.
-from rallypoint.cli import run, status, supervise, waiting
+from rallypoint.cli import run, serve, status, waiting
 from rallypoint.cli.output import Group
 
 
@@ -28,15 +28,15 @@ def app() -> None:
 
 
 for _command in (
-    run.serve,
+    serve.serve,
     waiting.wait,
     waiting.env,
     waiting.check,
     waiting.exec_,
-    supervise.run,
-    run.derive,
+    run.run,
+    serve.derive,
     status.status,
     status.peers,
-    run.demo,
+    serve.demo,
 ):
     app.add_command(_command)

@@ -21,7 +21,7 @@ import stat
 import tempfile
 from collections.abc import Mapping
 
-from rallypoint.wire.jobs import MAX_CAUSE
+from rallypoint.wire.jobstates import MAX_CAUSE
 
 #: The env names the child gets; torch's is left alone when the user set it.
 RALLYPOINT_ERROR_FILE = "RALLYPOINT_ERROR_FILE"

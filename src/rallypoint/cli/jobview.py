@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from rallypoint.cli import client
 from rallypoint.core import jobs
 from rallypoint.errors import RallypointError, WriteRefused
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 
 #: Seconds between attempts to reach a sidecar that does not answer.
 RETRY_S = 1.0
@@ -46,7 +46,7 @@ def wait_start(
     With ``rejoin_s`` (a restart), once every node but the lost ones is starting, the wait
     is for those to come back: it ends after ``rejoin_s`` more, not at ``bound_s``.
     """
-    body = wirejobs.encode_report(wirejobs.Report("starting", started))
+    body = jobstates.encode_report(jobstates.Report("starting", started))
     began = time.monotonic()
     view: dict[str, object] | None = None
     gone = said = False

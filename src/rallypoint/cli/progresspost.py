@@ -17,7 +17,7 @@ from collections.abc import Callable
 from rallypoint.cli import client, progressfile
 from rallypoint.core.progress import MAX_PERIOD_S
 from rallypoint.errors import RallypointError
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 
 #: Least seconds between two posts: a job marks every step, the sidecars need a mark a second.
 PUBLISH_S = 1.0
@@ -57,13 +57,13 @@ class Publisher:
     def post(self, mark: progressfile.Mark, period_s: float | None = None) -> bool:
         """Post ``mark`` once; whether the sidecar took it."""
         period = None if period_s is None else round(min(period_s, MAX_PERIOD_S), 6)
-        report = wirejobs.ProgressReport(
+        report = jobstates.ProgressReport(
             self.attempt, mark.at, mark.step, mark.phase, mark.local_rank, period
         )
         try:
             client.report_progress(
                 self.url,
-                wirejobs.encode_progress(report),
+                jobstates.encode_progress(report),
                 proof=self.proof,
                 timeout_s=POST_TIMEOUT_S,
             )

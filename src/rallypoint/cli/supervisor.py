@@ -34,7 +34,7 @@ from rallypoint.cli import (
 )
 from rallypoint.core import jobs
 from rallypoint.errors import RallypointError
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 
 #: The signals `run` passes on to the job's process group.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -360,8 +360,8 @@ class Supervisor:
         timeout_s: float = REPORT_TIMEOUT_S,
         detail: str = "",
     ) -> dict[str, object] | None:
-        report = wirejobs.Report(state, self._started, code, signal, at, self._attempt, detail)
-        body = wirejobs.encode_report(report)
+        report = jobstates.Report(state, self._started, code, signal, at, self._attempt, detail)
+        body = jobstates.encode_report(report)
         try:
             return client.report_job(self.url, body, proof=self.proof, timeout_s=timeout_s)
         except RallypointError:
@@ -370,5 +370,5 @@ class Supervisor:
     def _running_body(self) -> bytes:
         at, signum = self._terminated_at, self._terminated
         state = "running" if signum is None else "terminated"
-        report = wirejobs.Report(state, self._started, None, signum, at, self._attempt)
-        return wirejobs.encode_report(report)
+        report = jobstates.Report(state, self._started, None, signum, at, self._attempt)
+        return jobstates.encode_report(report)

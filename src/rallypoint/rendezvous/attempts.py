@@ -28,7 +28,7 @@ import msgspec
 from rallypoint.core.jobs import JobBook, JobState
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterSpec
-from rallypoint.wire.jobs import Report
+from rallypoint.wire.jobstates import Report
 
 #: of_report's answer for a run that gave up before it was numbered: nothing to take.
 WITHDRAWN = -2

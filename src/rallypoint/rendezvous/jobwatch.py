@@ -30,7 +30,7 @@ from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous.attempts import WITHDRAWN, Attempts
 from rallypoint.wire import alive as wirealive
-from rallypoint.wire.jobs import Report
+from rallypoint.wire.jobstates import Report
 
 log = logging.getLogger("rallypoint.rendezvous")
 

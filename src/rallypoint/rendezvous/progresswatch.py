@@ -19,7 +19,7 @@ from rallypoint.core import progress as marks
 from rallypoint.core.progress import Mark, ProgressBook, Summary
 from rallypoint.model import ClusterSpec
 from rallypoint.wire import alive as wirealive
-from rallypoint.wire.jobs import ProgressReport
+from rallypoint.wire.jobstates import ProgressReport
 
 #: Most marks a node shows in its local view (the master's summary covers every node).
 MAX_SHOWN = 256

@@ -15,7 +15,7 @@ from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.served import hostfile, render
 from rallypoint.server.common import NO_STORE, NODE, api_app, error_response, single_query
 from rallypoint.server.scrape import metrics
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 
 #: Requests to the local API carry no body.
 LOCAL_MAX_BYTES = 1024
@@ -195,7 +195,7 @@ async def _job_report(request: web.Request) -> web.Response:
         return refused
     node = request.app[NODE]
     assert node.jobs is not None  # _refused said so
-    report = wirejobs.parse_report(await request.read())
+    report = jobstates.parse_report(await request.read())
     await node.jobs.report(report, settle_s=min(node.settings.keepalive_s or 1.0, 5.0))
     return web.json_response(node.job_status(), headers=NO_STORE)
 
@@ -206,5 +206,5 @@ async def _progress_report(request: web.Request) -> web.Response:
         return refused
     progress = request.app[NODE].progress
     assert progress is not None  # _refused said so
-    progress.mine(wirejobs.parse_progress(await request.read()))
+    progress.mine(jobstates.parse_progress(await request.read()))
     return web.Response(status=204, headers=NO_STORE)

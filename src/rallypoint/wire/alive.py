@@ -23,7 +23,7 @@ from rallypoint.core.liveness import MAX_AGE_S, MAX_DETAIL, Age, Down
 from rallypoint.core.progress import Mark, Summary
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import TOKEN_CHARS, Nodes, Rank, Session, at_most, one_of, text, within
-from rallypoint.wire import jobs as wirejobs
+from rallypoint.wire import jobstates
 from rallypoint.wire.fields import dump, host_name, load
 
 __all__ = ["MAX_AGE_S", "MAX_DETAIL"]
@@ -102,9 +102,9 @@ def encode_alive(alive: Alive) -> bytes:
             alive,
             heard=tuple((rank, round(age, 3)) for rank, age in alive.heard),
             job=_cut(alive.job),
-            jobs=wirejobs.cut_all(alive.jobs),
+            jobs=jobstates.cut_all(alive.jobs),
             first=_cut(alive.first),
-            firsts=wirejobs.cut_all(alive.firsts),
+            firsts=jobstates.cut_all(alive.firsts),
         )
     )
 
@@ -119,10 +119,10 @@ def parse_alive(body: bytes) -> Alive:
     return msgspec.structs.replace(
         alive,
         host=host_name(alive.host, "keep-alive: host"),
-        job=wirejobs.checked_optional(alive.job, "keep-alive: job"),
-        jobs=wirejobs.checked_all(alive.jobs, "keep-alive: jobs"),
-        first=wirejobs.checked_optional(alive.first, "keep-alive: first"),
-        firsts=wirejobs.checked_all(alive.firsts, "keep-alive: firsts"),
+        job=jobstates.checked_optional(alive.job, "keep-alive: job"),
+        jobs=jobstates.checked_all(alive.jobs, "keep-alive: jobs"),
+        first=jobstates.checked_optional(alive.first, "keep-alive: first"),
+        firsts=jobstates.checked_all(alive.firsts, "keep-alive: firsts"),
     )
 
 
@@ -138,13 +138,13 @@ def encode_answer(answer: AliveAnswer) -> bytes:
                 for d in answer.down[:MAX_DOWN]
             ),
             first=_cut(answer.first),
-            jobs=None if answer.jobs is None else wirejobs.cut_all(answer.jobs),
+            jobs=None if answer.jobs is None else jobstates.cut_all(answer.jobs),
         )
     )
 
 
 def _cut(job: JobState | None) -> JobState | None:
-    return None if job is None else wirejobs.cut(job)
+    return None if job is None else jobstates.cut(job)
 
 
 def parse_answer(body: bytes) -> AliveAnswer:
@@ -162,8 +162,8 @@ def parse_answer(body: bytes) -> AliveAnswer:
             )
             for index, d in enumerate(answer.down)
         ),
-        first=wirejobs.checked_optional(answer.first, "keep-alive answer: first"),
+        first=jobstates.checked_optional(answer.first, "keep-alive answer: first"),
         jobs=None
         if answer.jobs is None
-        else wirejobs.checked_all(answer.jobs, "keep-alive answer: jobs"),
+        else jobstates.checked_all(answer.jobs, "keep-alive answer: jobs"),
     )
