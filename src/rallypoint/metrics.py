@@ -250,9 +250,9 @@ class Metrics:
         )
         self.peer_up = gauge(
             "rallypoint_peer_up",
-            "1 while a peer answers keep-alives (directly or as the master reports), 0 once "
-            "named down, no series once it left; above 256 nodes only peers that were down "
-            "have a series",
+            "1 while a peer this node watches answers keep-alives (the master watches every "
+            "node, a relay its group and upstream, a worker its upstream), 0 once named down, "
+            "no series once it left; above 256 nodes only peers that were down have a series",
             "peer",
         )
         self.peers_down = gauge(

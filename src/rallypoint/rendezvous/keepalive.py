@@ -356,10 +356,13 @@ class Keepalive:
             log.info("peer_left", extra={"rank": rank, "host": spec.hosts[rank]})
         self._left = set(left)
         # A series for each node this one watches (the master: every node; a relay: its group
-        # and upstream; a worker: its upstream), up to GAUGE_ALL_NODES nodes, and each it
-        # names down: O(N) cluster-wide. A node that left has none: no down alert for it.
-        watched = self.watch.watched if spec.nnodes <= GAUGE_ALL_NODES else frozenset()
-        shown = (watched | view.keys()) - left.keys() - {spec.rank}
+        # and upstream; a worker: its upstream), above GAUGE_ALL_NODES nodes only those down:
+        # O(N) cluster-wide. The nodes an upstream names down are its series, not this one's
+        # (rallypoint_peers_down counts them). A node that left has none: no alert for it.
+        watched = self.watch.watched
+        if spec.nnodes > GAUGE_ALL_NODES:
+            watched = watched & view.keys()
+        shown = watched - left.keys() - {spec.rank}
         for rank in self._gauged - shown:
             metrics.peer_up.remove(spec.hosts[rank])
         for rank in shown:
