@@ -1,12 +1,16 @@
-"""Cost of a scrape: the master's /metrics at N simulated workers (bench/simcluster.py).
+"""Cost of a scrape, and series per node and cluster-wide, at N nodes (bench/simcluster.py).
 
 One real master sidecar against N simulated workers, as bench/scale.py runs it (the fan-out
-tree as the sidecars choose it); once every worker verified, the master's GET /metrics is
-fetched ``--scrapes`` times on a fresh connection each (as Prometheus does when its scrape
-interval outlasts the keep-alive): bytes, series (sample lines), wall time per scrape
-(median, p99), and the series of every per-peer family. Measured twice: ``ready`` right
-after convergence, and ``down`` once the master's keep-alives (``--keepalive 1``) named the
-simulated workers down (they answer no keep-alive): the worst case, every peer down.
+tree as the sidecars choose it), with a real relay (from 512 nodes) and a real worker (the
+last member of that relay's group, or the last rank without a tree); once every node
+verified, each real sidecar's GET /metrics is fetched ``--scrapes`` times on a fresh
+connection each (as Prometheus does when its scrape interval outlasts the keep-alive):
+bytes, series (sample lines), wall time per scrape (median, p99), and the series of every
+per-peer family. Cluster-wide series are the master's plus each relay's and each worker's
+as measured on the real ones (the simulated nodes export nothing). Measured twice:
+``ready`` right after convergence, and ``down`` once the keep-alives (``--keepalive 1``)
+named the simulated nodes down (they answer no keep-alive): the worst case on the master
+and the relay, every peer down.
 
     python bench/scrape.py                      # N = 64, 1024, 4096
     python bench/scrape.py --sizes 64 --scrapes 5
@@ -22,6 +26,7 @@ from typing import Any
 
 import common
 import simcluster
+from rallypoint.core import fanout
 
 sys.path.insert(0, str(common.REPO))
 from tests.support.cluster.nodes import Node
@@ -62,8 +67,9 @@ def _value(body: bytes, name: str) -> float:
 
 
 def after(scrapes: int, down_wait_s: float) -> Any:
-    def run(master: Node) -> dict[str, Any]:
-        ready = measure(master, scrapes)
+    def run(nodes: dict[str, Node]) -> dict[str, Any]:
+        master = nodes["master"]
+        ready = {role: measure(node, scrapes) for role, node in nodes.items()}
         deadline = time.monotonic() + down_wait_s
         last, still = -1.0, 0
         while time.monotonic() < deadline and still < 3:  # the count stopped rising
@@ -71,7 +77,7 @@ def after(scrapes: int, down_wait_s: float) -> Any:
             now = _value(master.get("/metrics", timeout_s=30).body, "rallypoint_peers_down")
             still = still + 1 if now == last and now > 0 else 0
             last = now
-        return {"ready": ready, "down": measure(master, scrapes)}
+        return {"ready": ready, "down": {role: measure(n, scrapes) for role, n in nodes.items()}}
 
     return run
 
@@ -86,25 +92,57 @@ def main() -> None:
     reason = simcluster.prerequisites()
     if reason is not None:
         raise SystemExit(f"scrape benchmark needs network namespaces: {reason}")
-    table = []
+    table, totals = [], []
     for n in args.sizes:
         r = simcluster.simulate(
             n, procs=args.procs, tree=True, master_args=("--keepalive", "1"),
-            after=after(args.scrapes, args.down_wait),
+            after=after(args.scrapes, args.down_wait), real_worker=True,
         )  # fmt: skip
         for phase in ("ready", "down"):
-            m = r.after[phase]
-            row = {"workers": n, "phase": phase, "complete": r.complete, **m}
-            table.append(row)
-            print(
-                f"N={n:5d} {phase:5s}: {m['bytes'] / 1024:7.1f} KiB, {m['series']:5d} series, "
-                f"scrape p50 {m['scrape_ms']['p50']:.1f} ms p99 {m['scrape_ms']['p99']:.1f} ms, "
-                f"peers down {m['peers_down']:g}, per-peer series {m['per_peer_series']}"
-            )
+            for role, m in r.after[phase].items():
+                row = {"workers": n, "phase": phase, "role": role, "complete": r.complete, **m}
+                table.append(row)
+                print(
+                    f"N={n:5d} {phase:5s} {role:6s}: {m['bytes'] / 1024:7.1f} KiB, "
+                    f"{m['series']:5d} series, scrape p50 {m['scrape_ms']['p50']:.1f} ms "
+                    f"p99 {m['scrape_ms']['p99']:.1f} ms, peers down {m['peers_down']:g}, "
+                    f"per-peer series {m['per_peer_series']}"
+                )
+        totals.append(cluster_wide(n + 1, r.relay_group, r.after["ready"]))
+        print(f"N={n:5d} cluster-wide, healthy: {totals[-1]}")
     command = (
         f"python bench/scrape.py --sizes {' '.join(map(str, args.sizes))} --scrapes {args.scrapes}"
     )
-    common.write_summary("scrape", {"command": command, "table": table})
+    common.write_summary("scrape", {"command": command, "table": table, "cluster": totals})
+
+
+#: Up to this many nodes every sidecar exported rallypoint_peer_up for every peer, before
+#: the series were scoped to the nodes each one watches (the master all, a relay its group).
+BEFORE_ALL_PEERS_UP_TO = 256
+
+
+def cluster_wide(nnodes: int, group: int, ready: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A healthy cluster's series summed over its nodes: the master's, plus each relay's and
+    each worker's as measured on the real ones; and rallypoint_peer_up's before the change
+    (every node one per peer up to BEFORE_ALL_PEERS_UP_TO nodes, none above while healthy)."""
+    relays = len(fanout.relays(group, nnodes))
+    workers = nnodes - 1 - relays
+    roles = {"master": 1, "relay": relays, "worker": workers}
+    series = sum(ready[r]["series"] * k for r, k in roles.items() if r in ready)
+    peer_up = sum(
+        ready[r]["per_peer_series"]["rallypoint_peer_up"] * k
+        for r, k in roles.items()
+        if r in ready
+    )
+    before = nnodes * (nnodes - 1) if nnodes <= BEFORE_ALL_PEERS_UP_TO else 0
+    return {
+        "nodes": nnodes,
+        "relays": relays,
+        "series": series,
+        "peer_up": peer_up,
+        "peer_up_before": before,
+        "per_node": {r: ready[r]["series"] for r in ready},
+    }
 
 
 if __name__ == "__main__":

@@ -68,18 +68,22 @@ class SimResult:
     #: From the simulated start until the real relay's /readyz is 200.
     real_relay_ready_s: float | None = None
     real_relay_cpu_s: float = 0.0
-    #: What ``after`` returned (simulate's argument), measured on the master before teardown.
+    #: The rank a real worker sidecar played (simulate's ``real_worker``), if any.
+    real_worker: int | None = None
+    real_worker_ready: bool = False
+    #: What ``after`` returned (simulate's argument), measured before teardown.
     after: Any = field(default=None)
 
     @property
     def complete(self) -> bool:
         """Every node verified one identical, complete document (a real relay: its /readyz)."""
         s = self.sim
-        simulated = s["count"] - (self.real_relay is not None)
+        simulated = s["count"] - (self.real_relay is not None) - (self.real_worker is not None)
         return (
             s["verified_ok"] == simulated
             and s["docs_identical"]
             and (self.real_relay is None or self.real_relay_ready_s is not None)
+            and (self.real_worker is None or self.real_worker_ready)
         )
 
     @property
@@ -94,7 +98,7 @@ class SimResult:
     def last_doc_s(self) -> float:
         """Until the last simulated node held the document; NaN unless all did."""
         s = self.sim
-        simulated = s["count"] - (self.real_relay is not None)
+        simulated = s["count"] - (self.real_relay is not None) - (self.real_worker is not None)
         return float(max(s["doc_s"])) if s["doc_ok"] == simulated else float("nan")
 
     #: TcpExt counters in the master's namespace: accept-queue overflows and dropped SYNs.
@@ -117,15 +121,19 @@ def simulate(
     profile: Path | None = None,
     tree: bool = False,
     master_args: Sequence[str] = (),
-    after: Callable[[Node], Any] | None = None,
+    after: Callable[[dict[str, Node]], Any] | None = None,
+    real_worker: bool = False,
 ) -> SimResult:
     """Run one master and ``workers`` simulated workers; the cluster is torn down afterwards.
 
     The simulated workers run as ``procs`` processes on ``sim_cpus``. With ``profile``,
     py-spy samples the master during the simulation and writes collapsed stacks
     (flamegraph.pl / speedscope input) to that file. ``master_args`` are added to the
-    master's (and the real relay's) `rallypoint serve`; ``after(master)`` runs once the
-    simulated workers finished, before teardown, and its value is the result's ``after``.
+    master's (and the real relay's) `rallypoint serve`; ``after(nodes)`` runs once the
+    simulated workers finished, before teardown, with the real sidecars by role ("master",
+    and "relay", "worker" when played), and its value is the result's ``after``. With
+    ``real_worker`` a real sidecar plays the last worker (the last member of the real relay's
+    group in a tree), so a worker's own side is measured too.
     """
     nnodes = workers + 1
     # The tree as every node computes it (core/fanout.py); the second-to-last relay is played by
@@ -136,16 +144,27 @@ def simulate(
     names = [f"w{i}" for i in range(1, workers + 1)]
     if real_relay is not None:
         names[real_relay - 1] = "relay1"
+    worker_rank = None
+    if real_worker:
+        members = fanout.group(real_relay, group, nnodes) if real_relay is not None else None
+        worker_rank = members[-1] if members else workers
+        names[worker_rank - 1] = "worker1"
+    ranks = {"main1": 0, "relay1": real_relay, "worker1": worker_rank}
 
     def environ_for(cluster: Cluster, node: Node) -> dict[str, str]:
         return {
             "RALLYPOINT_HOSTS": ",".join(["main1", *names]),
-            "RALLYPOINT_NODE_RANK": "0" if node.name == "main1" else str(real_relay),
+            "RALLYPOINT_NODE_RANK": str(ranks.get(node.name)),
             "RALLYPOINT_SESSION": cluster.session,
             "RALLYPOINT_TOKEN": TOKEN,
         }
 
-    hosts = ("main1", "sim1", "relay1") if real_relay is not None else ("main1", "sim1")
+    hosts = (
+        "main1",
+        "sim1",
+        *(("relay1",) if real_relay is not None else ()),
+        *(("worker1",) if worker_rank is not None else ()),
+    )
     with (
         common.workdir("rp-sim-") as workdir,
         Cluster(
@@ -183,6 +202,12 @@ def simulate(
                 what="relay /livez",
             )
             settle(relay_proc.pid, quiet_s=0.5, timeout_s=180.0)
+        worker_node = None
+        if worker_rank is not None:
+            worker_node = cluster["worker1"]
+            worker_node.write_hosts(cluster.hosts_text({}) + extra)
+            worker_proc = worker_node.start_sidecar(tree_args)
+            os.sched_setaffinity(worker_proc.pid, set(sim_cpus))
         # Let the start-up pokes (one per simulated name, each resolving it through a hosts
         # file of N lines) finish: at 16384 they take far longer than a second, and their
         # CPU would be counted as the run's.
@@ -235,6 +260,8 @@ def simulate(
             ]
             if group:
                 argv += ["--nnodes", str(nnodes), "--relay-group", str(group)]
+            if worker_rank is not None:
+                argv += ["--real-worker", str(worker_rank)]
             if relay_node is not None:
                 argv += [
                     "--real-relay",
@@ -269,7 +296,9 @@ def simulate(
             spy.wait(30)
         cpu1 = common.cpu_seconds(proc.pid)
         mem = common.memory_kib(proc.pid)
-        measured = None if after is None else after(master)
+        worker_ready = worker_node is not None and wait_ready(worker_node, timeout_s=60.0)
+        real = {"master": master, "relay": relay_node, "worker": worker_node}
+        measured = None if after is None else after({k: v for k, v in real.items() if v})
         tcpext = tcp_ext(master)
         result = merge(
             [
@@ -292,8 +321,21 @@ def simulate(
             real_relay=real_relay,
             real_relay_ready_s=None if relay_ready_at is None else relay_ready_at - result["start"],
             real_relay_cpu_s=relay_cpu,
+            real_worker=worker_rank,
+            real_worker_ready=worker_ready,
             after=measured,
         )
+
+
+def wait_ready(node: Node, timeout_s: float) -> bool:
+    """Whether ``node``'s /readyz turns 200 within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reply = node.try_get("/readyz", timeout_s=2)
+        if reply is not None and reply.status == 200:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def tcp_ext(node: Node) -> dict[str, int]:

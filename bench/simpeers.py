@@ -299,6 +299,8 @@ def plan(args: argparse.Namespace, nnodes: int) -> list[tuple[str, int, range]]:
     size = args.relay_group
     rows: list[tuple[str, int, range]] = []
     for rank in range(args.first, args.first + args.count):
+        if rank == args.real_worker:
+            continue  # a real sidecar plays it
         relay_rank = fanout.relay_of(rank, size)
         if relay_rank is not None and relay_rank == args.real_relay:
             rows.append(("worker-via-relay", rank, range(0)))
@@ -381,6 +383,7 @@ def main() -> None:
     p.add_argument("--relay-group", type=int, default=0, help="the fan-out tree's group size")
     p.add_argument("--real-relay", type=int, default=-1, help="the rank a real relay plays")
     p.add_argument("--relay-address", default="", help="ADDRESS:PORT of the real relay")
+    p.add_argument("--real-worker", type=int, default=-1, help="the rank a real worker plays")
     args = p.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
