@@ -206,3 +206,24 @@ def test_the_floor_scan_can_fail(tmp_path: Path) -> None:
     planted = tmp_path / "planted.py"
     planted.write_text("def f():\n    import asyncio\n    from rallypoint.wire import fields\n")
     assert {"asyncio", "rallypoint.wire"} <= all_imports(planted)
+
+
+#: The size a module, a function and the performance reference are held to (#47's figures).
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+DOCS = TESTS.parent / "docs"
+
+
+@pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
+def test_no_module_over_400_lines_nor_a_function_over_60(path: Path) -> None:
+    text = path.read_text()
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{path.name}: move code out first"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            assert length <= MAX_FUNCTION_LINES, f"{path.name}: {node.name} is {length} lines"
+
+
+def test_the_performance_reference_stays_a_reference() -> None:
+    lines = len((DOCS / "performance.md").read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"docs/performance.md has {lines} lines: the history is git's"

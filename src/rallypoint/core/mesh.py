@@ -96,10 +96,8 @@ def view(
     excused: Callable[[Reason], bool],
     cut: int,
 ) -> dict[str, object]:
-    """The mesh of one generation: counts by state, problem pairs and nodes, matrix if small.
-
-    ``cut``: the failures a report carries at most (a report that many long may have left
-    some out)."""
+    """The mesh of one generation: counts by state, problem pairs and nodes, matrix if small;
+    ``cut``: the most failures a report carries (one that long may have left some out)."""
     nnodes = len(hosts)
     rank_of = {host.lower(): rank for rank, host in enumerate(hosts)}
     counts = dict.fromkeys([*_STATES.values(), "failed"], 0)

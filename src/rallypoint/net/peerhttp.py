@@ -98,13 +98,8 @@ class PeerClient:
 
         ``timeout_s`` is the whole request's deadline for a route whose caller gives it.
         """
-        answer = await self._request(
-            route,
-            target,
-            body,
-            aiohttp.ClientTimeout(total=self._deadline(route, timeout_s), connect=connect_s),
-            query,
-        )
+        timeout = aiohttp.ClientTimeout(total=self._deadline(route, timeout_s), connect=connect_s)
+        answer = await self._request(route, target, body, timeout, query)
         if answer is None:
             if route.method == "POST" and route.parse_answer is not None:
                 raise _refusal(204, b"")  # 204 is no answer to this POST
@@ -354,9 +349,7 @@ def _refusal(status: int, payload: bytes) -> Exception:
         # acted on unless the refusal proves itself (PeerClient._learn).
         skew = data.get("skew_s") if isinstance(data, dict) else None
         return AuthError(
-            f"the peer refused our signature: {message}",
-            reason="refused",
-            skew_s=_finite(skew),
+            f"the peer refused our signature: {message}", reason="refused", skew_s=_finite(skew)
         )
     return JoinRejected(status, code, f"refused with HTTP {status}: {message}", said=message)
 
