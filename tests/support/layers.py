@@ -9,7 +9,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "rallypoint"
 #: The pure floor: every module of these packages imports no I/O library.
 PURE_PACKAGES = ("core", "wire", "served", "providers")
 #: What every layer shares, at the top of the package (pure).
-PURE_SHARED = ("model", "errors", "settings", "reasons", "auth")
+PURE_SHARED = ("model", "errors", "settings", "reasons", "auth", "localapi")
 #: mDNS's record codec and rank rules, pure inside an I/O wing.
 PURE_MDNS = ("mdns.txt", "mdns.ranks")
 #: The I/O floor below the wings.

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
+from rallypoint import localapi
 from rallypoint.core.backoff import Backoff
 from rallypoint.errors import (
     HostfileError,
@@ -170,23 +171,43 @@ def _not_ready(base_url: str, body: str) -> NotReady:
     )
 
 
-def _written(base_url: str, path: str, answer: Answer, status: int) -> None:
-    """A write's answer: WriteRefused for a 403 (the token), SidecarError unless ``status``."""
-    if answer.status == 403:
+#: The routes whose 503 says why the node is not ready (NotReady), as /env's does.
+_READINESS = frozenset({localapi.ENV, localapi.HOSTFILE, localapi.READYZ})
+
+
+def call(
+    base_url: str,
+    route: localapi.LocalRoute,
+    *,
+    timeout_s: float,
+    query: Mapping[str, str] | None = None,
+    body: bytes | None = None,
+    proof: str | None = None,
+    ok: tuple[int, ...] = (200,),
+) -> Answer:
+    """One request of a local route (localapi.py), answered with a status in ``ok``.
+
+    NotReady for a readiness route's 503, WriteRefused for a write's 403 (the session
+    token: retrying cannot help), SidecarError for any other status. ``proof`` is sent on
+    the writes only (auth.Authenticator.local_proof; None without a token).
+    """
+    path = route.path + ("?" + urllib.parse.urlencode(query) if query else "")
+    sent = proof if route.write else None
+    answer = get(base_url, path, timeout_s=timeout_s, body=body, proof=sent)
+    if answer.status in ok:
+        return answer
+    if answer.status == 503 and route in _READINESS:
+        raise _not_ready(base_url, answer.body)
+    if answer.status == 403 and route.write:
         try:
             said = json.loads(answer.body).get("error")
         except (ValueError, AttributeError):
             said = None
         text = said if isinstance(said, str) else answer.body.strip()[:200]
-        raise WriteRefused(f"the sidecar on {_where(base_url)} refused {path}: {text}")
-    if answer.status != status:
-        raise _unexpected(base_url, path, answer)
-
-
-def _unexpected(base_url: str, path: str, answer: Answer) -> SidecarError:
+        raise WriteRefused(f"the sidecar on {_where(base_url)} refused {route.context}: {text}")
     first = answer.body.strip().splitlines()[0][:200] if answer.body.strip() else ""
-    return SidecarError(
-        f"GET {path} on {_where(base_url)} answered {answer.status} {first!r}:"
+    raise SidecarError(
+        f"{route.method} {path} on {_where(base_url)} answered {answer.status} {first!r}:"
         " is a rallypoint sidecar of the same version listening there?"
     )
 
@@ -195,16 +216,8 @@ def fetch_env(
     base_url: str, fmt: str = "json", wait_s: float = 0.0, *, timeout_s: float = _MARGIN_S
 ) -> str:
     """The rendered env from GET /env; NotReady when the sidecar is not ready after wait_s."""
-    query = {"format": fmt}
-    if wait_s > 0:
-        query["wait"] = f"{wait_s:.3f}"
-    path = "/env?" + urllib.parse.urlencode(query)
-    answer = get(base_url, path, timeout_s=timeout_s + wait_s)
-    if answer.status == 200:
-        return answer.body
-    if answer.status == 503:
-        raise _not_ready(base_url, answer.body)
-    raise _unexpected(base_url, path, answer)
+    query = {"format": fmt, **({"wait": f"{wait_s:.3f}"} if wait_s > 0 else {})}
+    return call(base_url, localapi.ENV, query=query, timeout_s=timeout_s + wait_s).body
 
 
 def env_values(body: str) -> dict[str, str]:
@@ -223,32 +236,23 @@ def fetch_hostfile(base_url: str, wait_s: float = 0.0, *, timeout_s: float = _MA
 
     HostfileError (exit 2) when the sidecar has no slot count to write (answer 409).
     """
-    path = "/hostfile" + (f"?wait={wait_s:.3f}" if wait_s > 0 else "")
-    answer = get(base_url, path, timeout_s=timeout_s + wait_s)
-    if answer.status == 200:
-        return answer.body
-    if answer.status == 503:
-        raise _not_ready(base_url, answer.body)
+    query = {"wait": f"{wait_s:.3f}"} if wait_s > 0 else None
+    answer = call(
+        base_url, localapi.HOSTFILE, query=query, timeout_s=timeout_s + wait_s, ok=(200, 409)
+    )
     if answer.status == 409:
         raise HostfileError(reasons_of(answer.body)[0])
-    raise _unexpected(base_url, "/hostfile", answer)
+    return answer.body
 
 
 def readyz(base_url: str, *, timeout_s: float = 2.0) -> str:
     """The body of GET /readyz when ready; NotReady with the reason otherwise."""
-    answer = get(base_url, "/readyz", timeout_s=timeout_s)
-    if answer.status == 200:
-        return answer.body
-    if answer.status == 503:
-        raise _not_ready(base_url, answer.body)
-    raise _unexpected(base_url, "/readyz", answer)
+    return call(base_url, localapi.READYZ, timeout_s=timeout_s).body
 
 
 def status(base_url: str, *, timeout_s: float = _MARGIN_S) -> dict[str, object]:
     """The JSON document of GET /status (served whether ready or not)."""
-    answer = get(base_url, "/status", timeout_s=timeout_s)
-    if answer.status not in (200, 503):
-        raise _unexpected(base_url, "/status", answer)
+    answer = call(base_url, localapi.STATUS, timeout_s=timeout_s, ok=(200, 503))
     return _json_object(base_url, "/status", answer)
 
 
@@ -257,20 +261,16 @@ def mesh(base_url: str, *, timeout_s: float = 3 * _MARGIN_S) -> dict[str, object
 
     A node other than the master asks the master for it, hence the longer timeout.
     """
-    answer = get(base_url, "/mesh", timeout_s=timeout_s)
-    if answer.status in (409, 502):
-        raise SidecarError(str(reason_docs(answer.body)[0].get("message", "no mesh")))
+    answer = call(base_url, localapi.MESH, timeout_s=timeout_s, ok=(200, 409, 502))
     if answer.status != 200:
-        raise _unexpected(base_url, "/mesh", answer)
+        raise SidecarError(str(reason_docs(answer.body)[0].get("message", "no mesh")))
     return _json_object(base_url, "/mesh", answer)
 
 
 def job(base_url: str, after: int | None = None, wait_s: float = 0.0) -> dict[str, object]:
     """GET /job: the supervised job on every node; with ``after``, once its version passed it."""
-    query = "" if after is None else f"?after={after}&wait={wait_s:.3f}"
-    answer = get(base_url, "/job" + query, timeout_s=_MARGIN_S + wait_s)
-    if answer.status != 200:
-        raise _unexpected(base_url, "/job", answer)
+    query = None if after is None else {"after": str(after), "wait": f"{wait_s:.3f}"}
+    answer = call(base_url, localapi.JOB, query=query, timeout_s=_MARGIN_S + wait_s)
     return _json_object(base_url, "/job", answer)
 
 
@@ -279,10 +279,8 @@ def report_job(
 ) -> dict[str, object]:
     """POST /job: this node's job started or ended; the job view once the report went on.
 
-    ``proof``: the session token's local proof (auth.Authenticator.local_proof), None without
-    a token."""
-    answer = get(base_url, "/job", timeout_s=timeout_s, body=body, proof=proof)
-    _written(base_url, "POST /job", answer, 200)
+    ``proof``: the session token's local proof, None without a token."""
+    answer = call(base_url, localapi.JOB_REPORT, body=body, proof=proof, timeout_s=timeout_s)
     return _json_object(base_url, "/job", answer)
 
 
@@ -290,18 +288,21 @@ def report_progress(
     base_url: str, body: bytes, *, proof: str | None = None, timeout_s: float = _MARGIN_S
 ) -> None:
     """POST /job/progress: the job's latest progress mark (``proof`` as for report_job)."""
-    answer = get(base_url, "/job/progress", timeout_s=timeout_s, body=body, proof=proof)
-    _written(base_url, "POST /job/progress", answer, 204)
+    call(base_url, localapi.PROGRESS, body=body, proof=proof, timeout_s=timeout_s, ok=(204,))
 
 
 def _json_object(base_url: str, path: str, answer: Answer) -> dict[str, object]:
     """The JSON object an answer carries; SidecarError for anything else."""
     try:
         doc = json.loads(answer.body)
-    except ValueError as exc:
-        raise _unexpected(base_url, path, answer) from exc
+    except ValueError:
+        doc = None
     if not isinstance(doc, dict):
-        raise _unexpected(base_url, path, answer)
+        first = answer.body.strip().splitlines()[0][:200] if answer.body.strip() else ""
+        raise SidecarError(
+            f"{path} on {_where(base_url)} answered {answer.status} {first!r}, not a JSON"
+            " object: is a rallypoint sidecar of the same version listening there?"
+        )
     return doc
 
 

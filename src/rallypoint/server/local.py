@@ -1,5 +1,6 @@
-"""The local API (loopback only by default): /env, /hostfile, /readyz, /livez, /status, /mesh,
-/metrics, and /job (what `rallypoint run` reports and waits on, and its job's progress)."""
+"""The local API (loopback only by default), its routes registered from localapi.py:
+/env, /hostfile, /readyz, /livez, /status, /mesh, /metrics, and /job (what `rallypoint run`
+reports and waits on, and its job's progress)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,21 @@ import math
 
 from aiohttp import web
 
+from rallypoint import localapi
 from rallypoint.auth import LOCAL_PROOF_HEADER
 from rallypoint.errors import AuthError, HostfileError, MeshUnavailable
 from rallypoint.model import Env
 from rallypoint.reasons import Reason, auth_reason
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.served import hostfile, render
-from rallypoint.server.common import NO_STORE, NODE, api_app, error_response, single_query
+from rallypoint.server.common import (
+    NO_STORE,
+    NODE,
+    Handler,
+    api_app,
+    error_response,
+    single_query,
+)
 from rallypoint.server.scrape import metrics
 from rallypoint.wire import jobstates
 
@@ -24,24 +33,43 @@ MAX_WAIT_S = 300.0
 
 
 def local_app(node: Rendezvous) -> web.Application:
-    """The local API: /env, /hostfile, /readyz, /livez, /status, /mesh, /metrics."""
+    """The local API: every row of localapi.py with the handler it names."""
+    handlers = {
+        "env": _env,
+        "hostfile": _hostfile,
+        "readyz": _readyz,
+        "livez": _livez,
+        "status": _status,
+        "mesh": _mesh,
+        "metrics": metrics,
+        "job": _job,
+        "job_report": _job_report,
+        "progress_report": _progress_report,
+    }
     return api_app(
         node,
         "local",
         LOCAL_MAX_BYTES,
-        [
-            web.get("/env", _env),
-            web.get("/hostfile", _hostfile),
-            web.get("/readyz", _readyz),
-            web.get("/livez", _livez),
-            web.get("/status", _status),
-            web.get("/mesh", _mesh),
-            web.get("/metrics", metrics),
-            web.get("/job", _job),
-            web.post("/job", _job_report),
-            web.post("/job/progress", _progress_report),
-        ],
+        [_registered(route, handlers[route.handler]) for route in localapi.ROUTES],
     )
+
+
+def _registered(route: localapi.LocalRoute, handler: Handler) -> web.RouteDef:
+    """A row as aiohttp's route: a GET also answers HEAD, a write is refused before its
+    handler runs unless it proves the token and carries JSON (_refused)."""
+    if route.method == "GET":
+        return web.get(route.path, handler)
+
+    async def write(request: web.Request) -> web.StreamResponse:
+        refused = _refused(request)
+        return refused if refused is not None else await handler(request)
+
+    return web.route(route.method, route.path, write)
+
+
+def _query(request: web.Request, route: localapi.LocalRoute) -> dict[str, str]:
+    """The row's query parameters (400 for any other); most calls carry none."""
+    return single_query(request, route.query) if request.query_string else {}
 
 
 def _not_ready(reasons: list[Reason]) -> web.Response:
@@ -91,8 +119,7 @@ def _generation(node: Rendezvous) -> str:
 
 async def _env(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    # Most calls carry no query: skip parsing it.
-    params = single_query(request, ("format", "wait")) if request.query_string else {}
+    params = _query(request, localapi.ENV)
     fmt = params.get("format", "json")
     if fmt not in render.FORMATS:
         return error_response(400, f"format {fmt!r} is not one of {', '.join(render.FORMATS)}")
@@ -108,7 +135,7 @@ async def _env(request: web.Request) -> web.Response:
 async def _hostfile(request: web.Request) -> web.Response:
     """The nodes as ``host slots=N`` lines in rank order (DeepSpeed, Open MPI), when ready."""
     node = request.app[NODE]
-    params = single_query(request, ("wait",)) if request.query_string else {}
+    params = _query(request, localapi.HOSTFILE)
     env = await _ready_env(request, params)
     if isinstance(env, web.Response):
         return env
@@ -155,7 +182,7 @@ async def _mesh(request: web.Request) -> web.Response:
 async def _job(request: web.Request) -> web.Response:
     """The supervised job on every node; ?after=VERSION&wait=S long-polls for a change."""
     node = request.app[NODE]
-    params = single_query(request, ("after", "wait")) if request.query_string else {}
+    params = _query(request, localapi.JOB)
     if node.jobs is None:
         return error_response(503, "the node list is not known yet (mDNS discovery)", "discovering")
     wait_s = _wait_s(params)
@@ -191,8 +218,6 @@ def _refused(request: web.Request) -> web.Response | None:
 
 async def _job_report(request: web.Request) -> web.Response:
     """`rallypoint run` reports its job's start or end; the answer is the job view."""
-    if (refused := _refused(request)) is not None:
-        return refused
     node = request.app[NODE]
     assert node.jobs is not None  # _refused said so
     report = jobstates.parse_report(await request.read())
@@ -202,8 +227,6 @@ async def _job_report(request: web.Request) -> web.Response:
 
 async def _progress_report(request: web.Request) -> web.Response:
     """`rallypoint run` tells its job's latest progress mark; it rides the next keep-alive."""
-    if (refused := _refused(request)) is not None:
-        return refused
     progress = request.app[NODE].progress
     assert progress is not None  # _refused said so
     progress.mine(jobstates.parse_progress(await request.read()))
