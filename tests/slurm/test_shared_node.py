@@ -14,13 +14,7 @@ import pytest
 
 from rallypoint import settings
 from tests.slurm import cluster as slurm_cluster
-from tests.slurm.conftest import (
-    NODES,
-    NPROC_PER_NODE,
-    TRAIN,
-    check_every_rank,
-    runnable_guide_script,
-)
+from tests.slurm.conftest import NPROC_PER_NODE, TRAIN, check_every_rank, runnable_guide_script
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
@@ -28,19 +22,20 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 def test_two_jobs_on_the_same_nodes_both_complete_on_their_own_ports(
     slurm: slurm_cluster.SlurmCluster, job_env: dict[str, str]
 ) -> None:
+    # Two nodes and one process per node each: the sharing is the point, not the job's size.
+    nproc = f"RALLYPOINT_NPROC_PER_NODE={NPROC_PER_NODE}"
     script = runnable_guide_script()
+    assert script.count(nproc) == 1, script
+    script = script.replace(nproc, "RALLYPOINT_NPROC_PER_NODE=1")
+    nodes = slurm_cluster.NODES[:2]
     dirs = [slurm.job_dir(f"shared-{index}") for index in range(2)]
     for workdir in dirs:
         shutil.copy(TRAIN, workdir / "train.py")
-    # Two cores per node and one task per node each: both jobs run at once on every node.
-    ids = [
-        slurm.submit(script, workdir, args=[f"--nodes={NODES}"], env=job_env) for workdir in dirs
-    ]
-    jobs = [
-        slurm.wait_job(job_id, workdir, 240.0) for job_id, workdir in zip(ids, dirs, strict=True)
-    ]
+    # Two cores per node and one task per node each: both jobs run at once on both nodes.
+    ids = [slurm.submit(script, d, args=[f"--nodes={len(nodes)}"], env=job_env) for d in dirs]
+    jobs = [slurm.wait_job(job_id, d, 240.0) for job_id, d in zip(ids, dirs, strict=True)]
     for job in jobs:
-        check_every_rank(job, slurm_cluster.NODES, NPROC_PER_NODE)
+        check_every_rank(job, nodes, 1)
     first, second = (job.record for job in jobs)
     assert first["StartTime"] < second["EndTime"] and second["StartTime"] < first["EndTime"], (
         "the jobs did not run side by side",
@@ -53,7 +48,6 @@ def test_two_jobs_on_the_same_nodes_both_complete_on_their_own_ports(
         assert pair is not None
         # Every node's sidecar logged its listeners: the job's own pair, on every node.
         listening = [line for line in job.output.splitlines() if "listening" in line]
-        assert len(listening) == NODES, job.describe()
-        assert all(
-            f"127.0.0.1:{pair[0]}" in line and f":{pair[1]}" in line for line in listening
-        ), listening
+        assert len(listening) == len(nodes), job.describe()
+        local, peer = f"127.0.0.1:{pair[0]}", f":{pair[1]}"
+        assert all(local in line and peer in line for line in listening), listening
