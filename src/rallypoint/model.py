@@ -43,7 +43,7 @@ def at_most(count: int) -> msgspec.Meta:
     return msgspec.Meta(max_length=count)
 
 
-def text(pattern: str, words: str) -> msgspec.Meta:
+def matching(pattern: str, words: str) -> msgspec.Meta:
     """A text matching ``pattern`` (whole: start with ^, end with \\Z), ``words`` saying it.
 
     The words are registered when the annotation is evaluated: msgspec does it as it builds
@@ -56,7 +56,7 @@ def text(pattern: str, words: str) -> msgspec.Meta:
 def one_of(words: Iterable[str]) -> msgspec.Meta:
     """A text that is one of ``words``."""
     words = tuple(words)
-    return text(f"^(?:{'|'.join(map(re.escape, words))})\\Z", f"one of {', '.join(words)}")
+    return matching(f"^(?:{'|'.join(map(re.escape, words))})\\Z", f"one of {', '.join(words)}")
 
 
 Rank = Annotated[int, within(0, MAX_NODES - 1)]
@@ -66,9 +66,9 @@ Port = Annotated[int, within(1, 65535)]
 #: Generations, epochs and interface names: the characters (query strings match them too).
 TOKEN_CHARS = r"[A-Za-z0-9._:-]{1,64}"
 TOKEN_WORDS = "1-64 characters of A-Z a-z 0-9 . _ : -"
-Token = Annotated[str, text(rf"^{TOKEN_CHARS}\Z", TOKEN_WORDS)]
+Token = Annotated[str, matching(rf"^{TOKEN_CHARS}\Z", TOKEN_WORDS)]
 #: A session name.
-Session = Annotated[str, text(r"^[\x21-\x7e]{1,256}\Z", "1-256 printable ASCII characters")]
+Session = Annotated[str, matching(r"^[\x21-\x7e]{1,256}\Z", "1-256 printable ASCII characters")]
 
 
 class ClusterSpec(msgspec.Struct, frozen=True):

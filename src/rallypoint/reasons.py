@@ -8,7 +8,7 @@ from typing import Annotated
 import msgspec
 
 from rallypoint.errors import AuthError
-from rallypoint.model import Rank, at_most, text
+from rallypoint.model import Rank, at_most, matching
 
 #: Longest message or detail a reason carries, in characters.
 MAX_TEXT = 1000
@@ -17,7 +17,7 @@ MAX_TEXT = 1000
 class Reason(msgspec.Struct, frozen=True, omit_defaults=True):
     """Why a node is not ready: a stable machine-readable code and a one-line remedy."""
 
-    code: Annotated[str, text(r"^[a-z_]{1,40}\Z", "a reason code: 1-40 of a-z and _")]
+    code: Annotated[str, matching(r"^[a-z_]{1,40}\Z", "a reason code: 1-40 of a-z and _")]
     message: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT)]
     #: A host name or an IP literal (wire/fields.host_name checks it after decoding).
     host: str | None = None

@@ -209,7 +209,7 @@ def _res(verdict: Verdict, *addresses: str, host: str = "node1") -> Resolution:
 @pytest.mark.parametrize("accept", [False, True])
 def test_settle_turns_only_an_accepted_loopback_into_ok(verdict: Verdict, accept: bool) -> None:
     res = _res(verdict, "127.0.1.1")
-    settled = names.settle(res, accept_loopback=accept)
+    settled = names.with_loopback_accepted(res, accept_loopback=accept)
     if accept and verdict is Verdict.LOOPBACK:
         assert settled.verdict is Verdict.OK and "accepted" in settled.detail
         assert msgspec.structs.replace(settled, verdict=res.verdict, detail=res.detail) == res
@@ -293,7 +293,7 @@ def test_judge_own_without_strict_self_fails_only_on_an_unpinned_loopback(
 def test_excuse_says_why_a_passed_verdict_is_fine(
     verdict: Verdict, accept: bool, lone: bool, ifname: str | None, needle: str | None
 ) -> None:
-    text = names.excuse(_res(verdict), accept_loopback=accept, lone=lone, ifname=ifname)
+    text = names.why_acceptable(_res(verdict), accept_loopback=accept, lone=lone, ifname=ifname)
     assert (text is None) is (needle is None)
     assert text is None or needle in text
 

@@ -21,7 +21,7 @@ from typing import Annotated
 
 import msgspec
 
-from rallypoint.model import ClusterSpec, one_of, text, within
+from rallypoint.model import ClusterSpec, matching, one_of, within
 from rallypoint.reasons import Reason
 
 #: Largest Unix timestamp accepted (auth.py's timestamps have at most 12 digits).
@@ -46,7 +46,7 @@ class ClockStamp(msgspec.Struct, frozen=True, omit_defaults=True):
     answered: Timestamp
     source: Source
     #: The request's nonce (with a token): proves the answer was made for that request.
-    nonce: Annotated[str, text(r"^[0-9a-f]{32}\Z", "32 hex digits")] | None = None
+    nonce: Annotated[str, matching(r"^[0-9a-f]{32}\Z", "32 hex digits")] | None = None
 
 
 class ClockFacts(msgspec.Struct, frozen=True):

@@ -192,7 +192,7 @@ def no_attempt(host: str) -> Resolution:
     return Resolution(host, Verdict.TIMED_OUT, (), detail, 0, 0.0)
 
 
-def settle(res: Resolution, *, accept_loopback: bool) -> Resolution:
+def with_loopback_accepted(res: Resolution, *, accept_loopback: bool) -> Resolution:
     """``res``, with a LOOPBACK answer counted as OK when loopback is accepted."""
     if accept_loopback and res.verdict is Verdict.LOOPBACK:
         detail = f"{res.detail} (accepted: all nodes share this host)"
@@ -328,7 +328,7 @@ def judge_own(
     )
 
 
-def excuse(
+def why_acceptable(
     res: Resolution, *, accept_loopback: bool, lone: bool = False, ifname: str | None = None
 ) -> str | None:
     """Why ``res`` is fine here though its verdict is not OK; None when it is OK or a problem.

@@ -27,12 +27,12 @@ from typing import Annotated
 import msgspec
 
 from rallypoint.core.jobs import Attempt, Time
-from rallypoint.model import Nodes, Rank, at_most, text, within
+from rallypoint.model import Nodes, Rank, at_most, matching, within
 
 #: The word of phase a job may write after its step (cli/progressfile.py reads the same).
 PHASE_PATTERN = r"[A-Za-z0-9_.-]{1,32}"
 Step = Annotated[int, within(0, 10**18 - 1)]
-Phase = Annotated[str, text(rf"^(?:{PHASE_PATTERN})?\Z", "one word of letters, digits, _ . -")]
+Phase = Annotated[str, matching(rf"^(?:{PHASE_PATTERN})?\Z", "one word of letters, digits, _ . -")]
 LocalRank = Annotated[int, within(0, 1023)]
 #: A clock's uncertainty in seconds (half a round trip), at most an hour.
 Uncertainty = Annotated[float, within(0.0, 3600.0)]

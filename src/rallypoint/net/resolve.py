@@ -186,7 +186,7 @@ async def verify(
         cut_short = remaining < timeout_s
         result = await check(resolver, host, expected, timeout_s=min(timeout_s, remaining))
         attempts += 1
-        result = names.settle(result, accept_loopback=accept_loopback)
+        result = names.with_loopback_accepted(result, accept_loopback=accept_loopback)
         if result.verdict is Verdict.OK:
             last = result
             break

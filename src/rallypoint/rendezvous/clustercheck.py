@@ -27,7 +27,7 @@ from rallypoint.net.pause import Pause
 from rallypoint.net.peerhttp import PeerClient
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.masterbook import MasterBook
-from rallypoint.rendezvous.race import unless_set
+from rallypoint.rendezvous.tasks import unless_set
 from rallypoint.rendezvous.verdict import stale_generation
 from rallypoint.settings import Settings
 

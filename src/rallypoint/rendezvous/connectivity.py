@@ -29,7 +29,7 @@ from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.net import probe
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.prober import Prober, Target
-from rallypoint.rendezvous.race import cancel_quietly
+from rallypoint.rendezvous.tasks import cancel_quietly
 
 if TYPE_CHECKING:
     from rallypoint.rendezvous.peers import PeerTable

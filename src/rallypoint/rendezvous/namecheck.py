@@ -119,7 +119,7 @@ class NameCheck:
             bound = None  # JAX's gloo reads no GLOO_SOCKET_IFNAME (docs/env-contract.md)
         self_reason, self_warning = self._judge_own(own, bound)
         if self_reason is None:
-            excused = names.excuse(
+            excused = names.why_acceptable(
                 own,
                 accept_loopback=self.ctx.accept_loopback,
                 lone=spec.nnodes == 1,
@@ -214,7 +214,7 @@ class NameCheck:
     def _excuse(self, res: Resolution, reason: Reason | None) -> str | None:
         if reason is not None:
             return None
-        return names.excuse(res, accept_loopback=self.ctx.accept_loopback)
+        return names.why_acceptable(res, accept_loopback=self.ctx.accept_loopback)
 
     def _master_address(self, doc: ClusterDoc, own: Resolution) -> str | None:
         """The master's verified address: resolved here and reported by the master."""

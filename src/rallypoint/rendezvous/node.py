@@ -42,12 +42,12 @@ from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.rendezvous.peerapi import PeerApi
 from rallypoint.rendezvous.peers import PeerTable
 from rallypoint.rendezvous.prober import Prober
+from rallypoint.rendezvous.probewindows import Windows
 from rallypoint.rendezvous.progresswatch import ProgressWatch
-from rallypoint.rendezvous.race import cancel_quietly
 from rallypoint.rendezvous.readiness import Readiness
 from rallypoint.rendezvous.relay import Relay
+from rallypoint.rendezvous.tasks import cancel_quietly
 from rallypoint.rendezvous.verification import Verification
-from rallypoint.rendezvous.windows import Windows
 from rallypoint.rendezvous.worker import run_worker
 from rallypoint.settings import Settings
 from rallypoint.wire import fields

@@ -24,7 +24,7 @@ class PeerState(msgspec.Struct):
     relay: int | None = None
     in_scope: bool = False
     resolution: Resolution | None = None
-    #: Why a resolution whose verdict is not OK is no problem here (names.excuse), or None.
+    #: Why a resolution whose verdict is not OK is no problem here (names.why_acceptable), or None.
     excused: str | None = None
 
 

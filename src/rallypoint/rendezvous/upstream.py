@@ -15,7 +15,7 @@ from typing import TypeVar
 from rallypoint import wire
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.rendezvous.context import NodeContext
-from rallypoint.rendezvous.race import unless_set
+from rallypoint.rendezvous.tasks import unless_set
 from rallypoint.wire import routes
 
 log = logging.getLogger("rallypoint.rendezvous")

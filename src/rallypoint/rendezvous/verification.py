@@ -23,8 +23,8 @@ from rallypoint.rendezvous.context import NodeContext
 from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.rendezvous.namecheck import NameCheck
 from rallypoint.rendezvous.prober import Prober
-from rallypoint.rendezvous.race import cancel_quietly
-from rallypoint.rendezvous.windows import Windows
+from rallypoint.rendezvous.probewindows import Windows
+from rallypoint.rendezvous.tasks import cancel_quietly
 
 #: Seconds between tries to open a window the last job's listener kept busy.
 REOPEN_S = 0.5

@@ -16,8 +16,8 @@ from rallypoint.net import resolve
 from rallypoint.net.pause import Pause
 from rallypoint.reasons import Reason, auth_reason
 from rallypoint.rendezvous.context import NodeContext
-from rallypoint.rendezvous.race import unless_set
 from rallypoint.rendezvous.relay import Relay
+from rallypoint.rendezvous.tasks import unless_set
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")
@@ -184,7 +184,7 @@ class Worker:
         self.ctx.metrics.resolutions.labels(str(res.verdict)).inc()
         accept = self.ctx.accept_loopback
         problem = names.master_reason(res, accept_loopback=accept)
-        excused = None if problem else names.excuse(res, accept_loopback=accept)
+        excused = None if problem else names.why_acceptable(res, accept_loopback=accept)
         self.ctx.peers.resolved(0, res, excused=excused)
         if problem is not None:
             return problem

@@ -22,7 +22,7 @@ from rallypoint.core.jobs import KEPT_ATTEMPTS, STATES, Go, JobState
 from rallypoint.core.liveness import MAX_AGE_S, MAX_DETAIL, Age, Down
 from rallypoint.core.progress import Mark, Summary
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import TOKEN_CHARS, Nodes, Rank, Session, at_most, one_of, text, within
+from rallypoint.model import TOKEN_CHARS, Nodes, Rank, Session, at_most, matching, one_of, within
 from rallypoint.wire import jobstates
 from rallypoint.wire.fields import dump, host_name, load
 
@@ -79,7 +79,7 @@ class AliveAnswer(msgspec.Struct, frozen=True):
     down: Annotated[tuple[Down, ...], at_most(MAX_DOWN)]
     total: Nodes
     #: The answering process (a restarted sidecar has a new one: send it everything again).
-    boot: Annotated[str, text(rf"^(?:-|{TOKEN_CHARS})\Z", "- or a token")] = "-"
+    boot: Annotated[str, matching(rf"^(?:-|{TOKEN_CHARS})\Z", "- or a token")] = "-"
     #: The first failure of the attempt started last.
     first: JobState | None = None
     #: The answerer's job table version, and the table itself when the asker's is older.

@@ -1,4 +1,4 @@
-"""race.unless_set: a request raced against an event leaves no task behind, whoever wins."""
+"""tasks.unless_set: a request raced against an event leaves no task behind, whoever wins."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rallypoint.rendezvous.race import unless_set
+from rallypoint.rendezvous.tasks import unless_set
 
 
 class Request:
