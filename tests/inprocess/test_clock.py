@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -94,6 +95,24 @@ async def test_a_member_behind_a_relay_is_measured_against_the_master() -> None:
             w.startswith("node4's clock is 600.") and "through its relay" in w for w in warnings
         )
         assert any(w.startswith("node3's clock is 5.0 s behind") for w in warnings)
+
+
+async def test_the_masters_warnings_follow_its_verdict_after_ready() -> None:
+    """A report that reaches the master after its verdict (a relay's member whose clock was
+    measured anew) moves the master's warning: it reads its book, not the verdict it
+    turned ready with."""
+    async with ready_cluster(2, token="s3cret", clocks={1: ahead(600)}) as c:
+        master = c.nodes[0].node
+        assert master.book is not None
+        [before] = clock_warnings(c.nodes[0])
+        assert before.startswith("node1's clock is 600.")
+        report = master.book.verdict.reports[1]
+        assert report.clock is not None
+        later = msgspec.structs.replace(report.clock, offset_s=300.0)
+        master.book.verdict.report(msgspec.structs.replace(report, clock=later))
+        [after] = clock_warnings(c.nodes[0])
+        assert after.startswith("node1's clock is 300.0 s ahead"), after
+        assert before not in master.readiness.warnings()
 
 
 def _join_body(rank: int, host: str) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rallypoint.metrics import Metrics
 from rallypoint.model import Env
@@ -33,6 +33,9 @@ class Readiness:
         #: Warnings fixed at start (no token ...) and from the last verification.
         self.static_warnings: list[str] = []
         self.verify_warnings: list[str] = []
+        #: On the master, its verdict's warnings as they stand now: a node's clock measured
+        #: again in a report that came after the verdict still moves its warning.
+        self.cluster_warnings: Callable[[], Sequence[str]] = tuple
         #: Peers named down after ready (keepalive.py); the env stays served meanwhile.
         self.liveness_warnings: list[str] = []
         #: Set while a ready worker cannot reach its master (ready stays: see readiness.md).
@@ -93,6 +96,7 @@ class Readiness:
         return [
             *self.static_warnings,
             *self.verify_warnings,
+            *self.cluster_warnings(),
             *env_warnings,
             *self.liveness_warnings,
         ]

@@ -119,6 +119,10 @@ class ClusterVerdict:
         assert self.current is not None
         return self.current
 
+    def warnings(self) -> tuple[str, ...]:
+        """The current verdict's warnings (none before the first report)."""
+        return () if self.current is None else self.current.warnings
+
     def _check(self, report: wire.Report) -> None:
         """Refuse a report from another session, for another node's rank, or on another
         document than the current one."""
