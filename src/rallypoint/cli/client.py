@@ -205,9 +205,14 @@ def call(
             said = None
         text = said if isinstance(said, str) else answer.body.strip()[:200]
         raise WriteRefused(f"the sidecar on {_where(base_url)} refused {route.context}: {text}")
+    raise _unexpected(base_url, f"{route.method} {path}", answer, "")
+
+
+def _unexpected(base_url: str, request: str, answer: Answer, what: str) -> SidecarError:
+    """An answer outside the contract: its status and first line (``what``: what it is not)."""
     first = answer.body.strip().splitlines()[0][:200] if answer.body.strip() else ""
-    raise SidecarError(
-        f"{route.method} {path} on {_where(base_url)} answered {answer.status} {first!r}:"
+    return SidecarError(
+        f"{request} on {_where(base_url)} answered {answer.status} {first!r}{what}:"
         " is a rallypoint sidecar of the same version listening there?"
     )
 
@@ -298,11 +303,7 @@ def _json_object(base_url: str, path: str, answer: Answer) -> dict[str, object]:
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
-        first = answer.body.strip().splitlines()[0][:200] if answer.body.strip() else ""
-        raise SidecarError(
-            f"{path} on {_where(base_url)} answered {answer.status} {first!r}, not a JSON"
-            " object: is a rallypoint sidecar of the same version listening there?"
-        )
+        raise _unexpected(base_url, path, answer, ", not a JSON object")
     return doc
 
 

@@ -254,7 +254,7 @@ class PeerClient:
     # -- clock offsets (core/clock.py) ------------------------------------------------------------
 
     def _observe(
-        self, exchange: Exchange, stamp: stamps.ClockStamp | None, *, restart: bool = False
+        self, exchange: Exchange, stamp: clock.ClockStamp | None, *, restart: bool = False
     ) -> bool:
         """Take the sample an authentic answer's stamp gives; whether it was taken.
 
@@ -359,7 +359,7 @@ def _finite(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     # An int may be too large for a float: compare it as is (NaN fails every comparison).
-    return float(value) if -stamps.MAX_OFFSET_S <= value <= stamps.MAX_OFFSET_S else None
+    return float(value) if -clock.MAX_OFFSET_S <= value <= clock.MAX_OFFSET_S else None
 
 
 async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:

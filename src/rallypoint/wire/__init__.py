@@ -16,6 +16,7 @@ from typing import Annotated
 
 import msgspec
 
+from rallypoint.core.clock import ClockFacts, ClockStamp
 from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import (
@@ -39,7 +40,7 @@ from rallypoint.wire.fields import (
     load,
     reasons,
 )
-from rallypoint.wire.stamps import ClockFacts, ClockStamp, checked_stamp
+from rallypoint.wire.stamps import checked_stamp
 
 __all__ = [
     "MAX_ADDRESSES",
@@ -76,7 +77,7 @@ class JoinAnswer(msgspec.Struct, frozen=True, omit_defaults=True):
     generation: Token | None
     joined: Nodes
     nnodes: Annotated[int, within(1, MAX_NODES)]
-    #: The answering node's clock (wire/stamps.py); absent from older masters.
+    #: The answering node's clock (core/clock.py); absent from older masters.
     clock: ClockStamp | None = None
 
 
@@ -171,7 +172,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     seen: Seen = -1
     #: The links this node measured (links.measured_peers), once its probes ran.
     links: Annotated[tuple[LinkStat, ...], at_most(MAX_LINKS)] = ()
-    #: The node's measured clock offset to the master (wire/stamps.py), if any.
+    #: The node's measured clock offset to the master (core/clock.py), if any.
     clock: ClockFacts | None = None
 
 
@@ -187,7 +188,7 @@ class Verdict(msgspec.Struct, frozen=True, omit_defaults=True):
     failures: Failures
     failure_count: Count
     warnings: Annotated[tuple[Annotated[str, at_most(MAX_TEXT)], ...], at_most(MAX_FAILURES)]
-    #: The answering node's clock, stamped per answer (wire/stamps.py); left out when None.
+    #: The answering node's clock, stamped per answer (core/clock.py); left out when None.
     clock: ClockStamp | None = None
 
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import msgspec
 
-from rallypoint.core.clock import MAX_HOLD_S, MAX_OFFSET_S, ClockFacts, ClockStamp
+from rallypoint.core.clock import MAX_HOLD_S, ClockStamp
 from rallypoint.errors import PeerMessageError
 from rallypoint.wire.fields import load
-
-__all__ = ["MAX_OFFSET_S", "ClockFacts", "ClockStamp", "checked_stamp", "stamp_of"]
 
 #: Largest refusal whose stamp is read (a refusal is a short JSON error).
 MAX_REFUSAL_BYTES = 64 * 1024
