@@ -15,7 +15,7 @@ import time
 import aiohttp
 
 from rallypoint.wire import jobstates
-from tests.support.cluster.inprocess import Cluster, ready_cluster
+from tests.support.cluster.inprocess import Cluster, ready_cluster, until
 from tests.support.env import child_env
 
 TOKEN = "local-writes-test-secret"
@@ -80,9 +80,10 @@ async def test_run_without_the_token_exits_2_with_one_line_and_starts_nothing() 
 
 async def until_running(c: Cluster) -> None:
     """Until the master's job view has both nodes' jobs running."""
-    async with asyncio.timeout(30.0):
-        while True:
-            nodes = c.nodes[0].node.job_status().get("nodes") or []
-            if len(nodes) == 2 and all(n.get("state") == "running" for n in nodes):
-                return
-            await asyncio.sleep(0.05)
+
+    def running() -> bool:
+        nodes = c.nodes[0].node.job_status().get("nodes") or []
+        assert isinstance(nodes, list)
+        return len(nodes) == 2 and all(n.get("state") == "running" for n in nodes)
+
+    await until(running, timeout_s=30.0)
