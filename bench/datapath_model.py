@@ -34,7 +34,7 @@ import common
 sys.path.insert(0, str(common.REPO / "src"))
 from rallypoint.core import links, names
 from rallypoint.net import datapath
-from rallypoint.rendezvous import prober
+from rallypoint.rendezvous.checks import prober
 from rallypoint.settings import Settings
 
 SIZES = (8, 16, 64, 1024, 4096)

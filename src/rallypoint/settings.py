@@ -70,7 +70,7 @@ class Settings(msgspec.Struct, frozen=True):
     resolve_workers: int = 16
     shutdown_grace_s: float = 3.0
     #: After ready, a keep-alive every this many seconds; a peer silent for 4 of them is
-    #: named down (rendezvous/keepalive.py). 0: no keep-alive.
+    #: named down (rendezvous/afterready/keepalive.py). 0: no keep-alive.
     keepalive_s: float = 3.0
 
     # Verification.
@@ -82,7 +82,7 @@ class Settings(msgspec.Struct, frozen=True):
     #: True (--emit-ifname): NCCL_SOCKET_IFNAME too; False (--no-emit-ifname): neither.
     emit_ifname: bool | None = None
 
-    # Connection checks (rendezvous/connectivity.py): every connection the job will make is tried.
+    # Connection checks (rendezvous/checks/connectivity.py): every connection of the job is tried.
     probe: bool = True
     probe_timeout_s: float = 2.0
     probe_workers: int = 64

@@ -22,7 +22,7 @@ from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.net import datapath, datawindow, probe, tcpinfo
 from rallypoint.net.probe import MAGIC
-from rallypoint.rendezvous import prober as prober_mod
+from rallypoint.rendezvous.checks import prober as prober_mod
 from tests.support.settings import fast_settings
 
 SESSION = "sess-data"

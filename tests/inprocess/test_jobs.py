@@ -18,8 +18,8 @@ import pytest
 from rallypoint.core.jobs import JobState
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
-from rallypoint.rendezvous.jobwatch import JobWatch
-from rallypoint.rendezvous.keepalive import Keepalive
+from rallypoint.rendezvous.afterready.jobwatch import JobWatch
+from rallypoint.rendezvous.afterready.keepalive import Keepalive
 from rallypoint.sidecar import Sidecar
 from rallypoint.wire import alive
 from rallypoint.wire.jobstates import Report

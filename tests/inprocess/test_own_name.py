@@ -12,7 +12,7 @@ from rallypoint import wire
 from rallypoint.core.names import Resolution, Verdict, judge_own
 from rallypoint.model import ClusterSpec
 from rallypoint.net import netinfo
-from rallypoint.rendezvous import namecheck as verify
+from rallypoint.rendezvous.checks import namecheck as verify
 from rallypoint.sidecar import Sidecar
 from tests.support.cluster.inprocess import (
     SESSION,

@@ -1,6 +1,6 @@
 """Each node's job progress, cluster-wide: `run`'s marks (POST /job/progress) ride the
 keep-alives to the master, which shows every node's; every node shows the master's summary
-and which node is behind (rendezvous/progresswatch.py).
+and which node is behind (rendezvous/afterready/progresswatch.py).
 
 In-process nodes on loopback; the marks are posted as `rallypoint run` posts them. The real
 `run` reading a job's progress file is tests/inprocess/test_attempts.py's, and a real gloo

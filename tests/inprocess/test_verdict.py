@@ -11,7 +11,7 @@ from rallypoint.core import links
 from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterSpec, Member
 from rallypoint.reasons import Reason
-from rallypoint.rendezvous.masterbook import MasterBook
+from rallypoint.rendezvous.cluster.masterbook import MasterBook
 
 HOSTS = ("m", "a", "b")
 SESSION = "s"

@@ -16,6 +16,16 @@ PURE_MDNS = ("mdns.txt", "mdns.ranks")
 IO_PACKAGES = ("net",)
 #: The packages that build on the rest; what sits below them imports none of them.
 WINGS = ("cli", "server", "mdns", "providers", "rendezvous")
+#: The rooms of rendezvous/, each with the rooms it may import: before ready (checks), the
+#: cluster made (the master, the worker, the relays), after ready (keep-alives, the job).
+RENDEZVOUS_ROOMS: dict[str, tuple[str, ...]] = {
+    "checks": ("cluster",),
+    "cluster": (),
+    "afterready": (),
+}
+#: The modules at the top of rendezvous/ that every room may use (the composer ``node``,
+#: ``peerapi`` and ``status``, which reach into the rooms, are not among them).
+RENDEZVOUS_SHARED = ("context", "peers", "readiness", "tasks", "waits")
 #: The top level's modules that compose the wings (or are the entry point).
 COMPOSERS = ("__main__", "sidecar")
 #: At most this many modules sit loose at the top (``__init__`` and ``__main__`` aside).

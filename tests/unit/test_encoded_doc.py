@@ -6,7 +6,7 @@ import gzip
 import hashlib
 
 from rallypoint.model import ClusterDoc, Member
-from rallypoint.rendezvous.masterbook import GZIP_MIN_BYTES, EncodedDoc
+from rallypoint.rendezvous.cluster.masterbook import GZIP_MIN_BYTES, EncodedDoc
 from rallypoint.wire import cluster
 
 

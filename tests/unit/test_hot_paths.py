@@ -14,7 +14,7 @@ from rallypoint.auth import NONCE_HEADER, Authenticator
 from rallypoint.errors import AuthError, PeerMessageError
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec, Member
-from rallypoint.rendezvous.masterbook import GZIP_MIN_BYTES, MasterBook
+from rallypoint.rendezvous.cluster.masterbook import GZIP_MIN_BYTES, MasterBook
 from rallypoint.served import render
 from rallypoint.wire import cluster, fields
 

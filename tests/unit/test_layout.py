@@ -12,6 +12,8 @@ from tests.support.layers import (
     IO_PACKAGES,
     MAX_TOP_MODULES,
     PURE_PACKAGES,
+    RENDEZVOUS_ROOMS,
+    RENDEZVOUS_SHARED,
     WINGS,
     top_modules,
 )
@@ -176,11 +178,36 @@ def test_at_most_ten_modules_sit_loose_at_the_top() -> None:
     )
 
 
-@pytest.mark.parametrize("path", sorted((SRC / "rendezvous").glob("*.py")), ids=lambda p: p.name)
+RENDEZVOUS = sorted((SRC / "rendezvous").rglob("*.py"))
+
+
+def rendezvous_id(path: Path) -> str:
+    return str(path.relative_to(SRC / "rendezvous"))
+
+
+@pytest.mark.parametrize("path", RENDEZVOUS, ids=rendezvous_id)
 def test_the_rendezvous_imports_no_other_wing(path: Path) -> None:
     others = tuple(f"rallypoint.{wing}" for wing in WINGS if wing != "rendezvous")
     found = sorted(m for m in rallypoint_imports(path) if m.startswith(others))
-    assert not found, f"rendezvous/{path.name} imports {found}"
+    assert not found, f"rendezvous/{rendezvous_id(path)} imports {found}"
+
+
+def test_the_rendezvous_rooms_are_all_scanned() -> None:
+    rooms = {p.parent.name for p in RENDEZVOUS if p.parent.name != "rendezvous"}
+    assert rooms == set(RENDEZVOUS_ROOMS), "a new room of rendezvous/: give it its arrows"
+
+
+@pytest.mark.parametrize("path", RENDEZVOUS, ids=rendezvous_id)
+def test_each_rendezvous_room_imports_only_the_rooms_below_it(path: Path) -> None:
+    room = path.parent.name
+    inner = {m.split(".")[2] for m in all_imports(path) if m.startswith("rallypoint.rendezvous.")}
+    if room == "rendezvous":  # the composer (node) and what it serves: any room
+        return
+    allowed = {room, *RENDEZVOUS_ROOMS[room], *RENDEZVOUS_SHARED}
+    assert inner <= allowed, (
+        f"rendezvous/{rendezvous_id(path)} imports {sorted(inner - allowed)}: "
+        "a room imports only the rooms below it and the shared modules (docs/architecture.md)"
+    )
 
 
 def all_imports(path: Path) -> set[str]:

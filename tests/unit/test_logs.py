@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rallypoint.cli import logs
 from rallypoint.model import Member
-from rallypoint.rendezvous import master
+from rallypoint.rendezvous.cluster import master
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rallypoint"
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}

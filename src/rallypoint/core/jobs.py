@@ -1,8 +1,8 @@
 """The supervised job's state on every node, and the first failure (pure).
 
 `rallypoint run` reports its job's start and end to its sidecar; the sidecars carry the
-states on their keep-alives (rendezvous/jobwatch.py). Each node keeps a `JobBook`: the last
-known state of every node's job, and every failure it heard of. The first failure is the
+states on their keep-alives (rendezvous/afterready/jobwatch.py). Each node keeps a `JobBook`:
+the last known state of every node's job, and every failure it heard of. The first failure is the
 earliest one by the master's clock (every node's stamps are corrected to it, core/clock.py), so
 every node that heard of the same failures names the same first one.
 

@@ -1,14 +1,14 @@
 """Who is gone after ready: what this node hears of the nodes it keeps alive with (pure).
 
-The I/O is rendezvous/keepalive.py. A node watches only the nodes it exchanges keep-alives with: a
-worker its upstream (its relay, and the master while the relay fails it); a relay its group
-and its upstream; the master every rank, its relays' groups through the ages their
-keep-alives pass on. A watched node is *down* once nothing was heard from it for DOWN_AFTER
-intervals; a node's own upstream (its relay, the master) one interval later, UPSTREAM_DOWN_AFTER.
-So when the link between a node and its upstream is cut, the upstream, which can tell everyone
-else, names the node first, and the cut-off node's verdict (which stops its own job) comes
-after the cluster's. What a node names is its own findings plus its upstream's last answer,
-so every node learns within an interval what the master found.
+The I/O is rendezvous/afterready/keepalive.py. A node watches only the nodes it exchanges
+keep-alives with: a worker its upstream (its relay, and the master while the relay fails it);
+a relay its group and its upstream; the master every rank, its relays' groups through the ages
+their keep-alives pass on. A watched node is *down* once nothing was heard from it for
+DOWN_AFTER intervals; a node's own upstream (its relay, the master) one interval later,
+UPSTREAM_DOWN_AFTER. So when the link between a node and its upstream is cut, the upstream,
+which can tell everyone else, names the node first, and the cut-off node's verdict (which
+stops its own job) comes after the cluster's. What a node names is its own findings plus its
+upstream's last answer, so every node learns within an interval what the master found.
 
 A node that stops on purpose (its sidecar got SIGTERM) says goodbye first: it has *left*. A
 node that left is not watched until it is heard again (a restarted sidecar), is never named

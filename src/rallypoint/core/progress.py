@@ -2,7 +2,7 @@
 
 `rallypoint run` reads its job's progress file (cli/progressfile.py) and tells its sidecar
 each new mark, at most once a second. The sidecars carry the marks up on the keep-alives
-(rendezvous/progresswatch.py): a worker its own, a relay its group's that changed. The
+(rendezvous/afterready/progresswatch.py): a worker its own, a relay its group's that changed. The
 master holds every node's. Every answer carries a summary of constant size (how many nodes
 marked, the two oldest marks and the newest), so every node can say which node is behind
 without a table of N marks on each keep-alive.

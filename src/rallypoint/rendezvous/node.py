@@ -33,22 +33,22 @@ from rallypoint.net.ports import HeldPort
 from rallypoint.net.resolve import Resolver
 from rallypoint.reasons import Reason, discovering_reason
 from rallypoint.rendezvous import status
-from rallypoint.rendezvous.clustercheck import Transport, http_transport, local_transport
+from rallypoint.rendezvous.afterready.jobwatch import JobWatch
+from rallypoint.rendezvous.afterready.keepalive import Keepalive
+from rallypoint.rendezvous.afterready.progresswatch import ProgressWatch
+from rallypoint.rendezvous.checks.clustercheck import http_transport
+from rallypoint.rendezvous.checks.prober import Prober
+from rallypoint.rendezvous.checks.probewindows import Windows
+from rallypoint.rendezvous.checks.verification import Verification
+from rallypoint.rendezvous.cluster.master import Master, poke_host
+from rallypoint.rendezvous.cluster.masterbook import MasterBook, Transport, local_transport
+from rallypoint.rendezvous.cluster.relay import Relay
+from rallypoint.rendezvous.cluster.worker import run_worker
 from rallypoint.rendezvous.context import NodeContext
-from rallypoint.rendezvous.jobwatch import JobWatch
-from rallypoint.rendezvous.keepalive import Keepalive
-from rallypoint.rendezvous.master import Master, poke_host
-from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.rendezvous.peerapi import PeerApi
 from rallypoint.rendezvous.peers import PeerTable
-from rallypoint.rendezvous.prober import Prober
-from rallypoint.rendezvous.probewindows import Windows
-from rallypoint.rendezvous.progresswatch import ProgressWatch
 from rallypoint.rendezvous.readiness import Readiness
-from rallypoint.rendezvous.relay import Relay
 from rallypoint.rendezvous.tasks import cancel_quietly
-from rallypoint.rendezvous.verification import Verification
-from rallypoint.rendezvous.worker import run_worker
 from rallypoint.settings import Settings
 from rallypoint.wire import fields
 

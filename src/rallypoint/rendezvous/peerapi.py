@@ -19,13 +19,13 @@ from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.net.peerhttp import PeerClient
 from rallypoint.rendezvous import status
-from rallypoint.rendezvous.keepalive import Keepalive
-from rallypoint.rendezvous.master import Master
-from rallypoint.rendezvous.masterbook import EncodedDoc, MasterBook
+from rallypoint.rendezvous.afterready.keepalive import Keepalive
+from rallypoint.rendezvous.checks.verification import Verification
+from rallypoint.rendezvous.cluster.master import Master
+from rallypoint.rendezvous.cluster.masterbook import EncodedDoc, MasterBook
+from rallypoint.rendezvous.cluster.relay import Relay
 from rallypoint.rendezvous.peers import PeerTable
 from rallypoint.rendezvous.readiness import Readiness
-from rallypoint.rendezvous.relay import Relay
-from rallypoint.rendezvous.verification import Verification
 from rallypoint.settings import Settings
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire import batch as wirebatch

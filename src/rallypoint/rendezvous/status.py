@@ -8,10 +8,10 @@ from rallypoint import wire
 from rallypoint.core import mesh, names
 from rallypoint.model import ClusterSpec, OverrideSource
 from rallypoint.net.ports import HeldPort
-from rallypoint.rendezvous.masterbook import MasterBook
+from rallypoint.rendezvous.checks.verification import Verification
+from rallypoint.rendezvous.cluster.masterbook import MasterBook
 from rallypoint.rendezvous.peers import PeerState, PeerTable
 from rallypoint.rendezvous.readiness import Readiness
-from rallypoint.rendezvous.verification import Verification
 from rallypoint.settings import Settings
 
 

@@ -1,15 +1,16 @@
-"""Pure codec of the keep-alive after ready (rendezvous/keepalive.py): POST /v1/alive, its answer.
+"""Pure codec of the keep-alive after ready (rendezvous/afterready/keepalive.py): POST
+/v1/alive and its answer.
 
 A keep-alive says who sends it and, from a relay, how long ago it heard each member of its
 group and which members said goodbye; a goodbye is a keep-alive that says its sender leaves.
 The answer names the nodes its sender finds down (liveness.Down), at most MAX_DOWN of them,
 with the total, and those it knows left. Both are untrusted input, checked field by field.
 
-They also carry the supervised job (rendezvous/jobwatch.py): a keep-alive its sender's own
-job state, a relay's changed group states and, from the master or a relay, the first
+They also carry the supervised job (rendezvous/afterready/jobwatch.py): a keep-alive its
+sender's own job state, a relay's changed group states and, from the master or a relay, the first
 failure; an answer the first failure and, when the asker's copy is older, the job table.
-And the job's progress (rendezvous/progresswatch.py): a keep-alive its sender's last mark and
-a relay's group's new ones, an answer the cluster's summary (core/progress.py).
+And the job's progress (rendezvous/afterready/progresswatch.py): a keep-alive its sender's
+last mark and a relay's group's new ones, an answer the cluster's summary (core/progress.py).
 """
 
 from __future__ import annotations

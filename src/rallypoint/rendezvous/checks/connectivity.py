@@ -14,7 +14,7 @@ What is tried, for one cluster document (docs/readiness.md, "Connections"):
   pass: ``path_mtu``), and enough on the links of links.measured_peers to measure their
   throughput, retransmits and RTT.
 
-How, and the retries until a repaired fault passes: rendezvous/prober.py.
+How, and the retries until a repaired fault passes: rendezvous/checks/prober.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from rallypoint.core import links, names
 from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.net import probe
 from rallypoint.reasons import Reason
-from rallypoint.rendezvous.prober import Prober, Target
+from rallypoint.rendezvous.checks.prober import Prober, Target
 from rallypoint.rendezvous.tasks import cancel_quietly
 
 if TYPE_CHECKING:

@@ -14,9 +14,8 @@ from rallypoint.errors import JoinRejected, PeerDown
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.net import resolve
 from rallypoint.reasons import Reason
-from rallypoint.rendezvous.clustercheck import answer_reports, local_transport
+from rallypoint.rendezvous.cluster.masterbook import MasterBook, answer_reports, local_transport
 from rallypoint.rendezvous.context import NodeContext
-from rallypoint.rendezvous.masterbook import MasterBook
 from rallypoint.wire import batch as wirebatch
 
 # The rendezvous logs under one name, whichever module of it speaks.

@@ -1,4 +1,5 @@
-"""The master's join book: checks and records joins, issues cluster documents, serves long-polls.
+"""The master's join book: checks and records joins, issues cluster documents, serves long-polls,
+and answers the reports of every node (its own, a worker's, a relay's batch).
 
 The book also holds the cluster-wide verdict on the document it issued (``verdict``,
 verdict.py), and starts it afresh with every new document.
@@ -10,13 +11,14 @@ import asyncio
 import bisect
 import gzip
 import hashlib
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
 from rallypoint import wire
 from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, ClusterSpec, Member
-from rallypoint.rendezvous.verdict import ClusterVerdict
+from rallypoint.rendezvous.cluster.verdict import ClusterVerdict, stale_generation
 from rallypoint.rendezvous.waits import wait_until
 from rallypoint.wire import cluster
 
@@ -150,3 +152,54 @@ class MasterBook:
 
         await wait_until(lambda: issued() or self._closed, lambda: self._changed, timeout_s)
         return self.doc if issued() else None
+
+
+#: Sends a report and returns the master's verdict (a long-poll when ``seen`` is current).
+Transport = Callable[[wire.Report], Awaitable[wire.Verdict]]
+
+
+def local_transport(book: MasterBook, long_poll_s: float) -> Transport:
+    """The master reports to its own book."""
+
+    async def send(report: wire.Report) -> wire.Verdict:
+        return await answer_reports(
+            book,
+            (report,),
+            generation=report.generation,
+            seen=report.seen,
+            hold=True,
+            long_poll_s=long_poll_s,
+        )
+
+    return send
+
+
+async def answer_reports(
+    book: MasterBook,
+    reports: Sequence[wire.Report],
+    *,
+    generation: str,
+    seen: int,
+    hold: bool,
+    long_poll_s: float,
+) -> wire.Verdict:
+    """Record reports (one node's, or a relay's batch); the verdict, held while it is quiet.
+
+    JoinRejected (409 stale_generation) when ``generation`` is not the current document's.
+    """
+    for report in reports:
+        book.verdict.report(report)  # checks each: session, rank and host, generation
+    verdict = book.verdict.current
+    if verdict is None or verdict.generation != generation:  # an empty batch: a pure poll
+        raise stale_generation(generation, book.doc)
+    # A node that passed has nothing to act on until the verdict lands or a failure
+    # appears: hold its answer (one request per node on the happy path, not two).
+    quiet = (
+        hold
+        and all(report.passed for report in reports)
+        and not verdict.verified
+        and not verdict.failures
+    )
+    if verdict.version != seen and not quiet:
+        return verdict
+    return await book.verdict.wait(generation, verdict.version, long_poll_s)

@@ -15,8 +15,8 @@ from rallypoint.model import ClusterDoc, Member
 from rallypoint.net import resolve
 from rallypoint.net.pause import Pause
 from rallypoint.reasons import Reason, auth_reason
+from rallypoint.rendezvous.cluster.relay import Relay
 from rallypoint.rendezvous.context import NodeContext
-from rallypoint.rendezvous.relay import Relay
 from rallypoint.rendezvous.tasks import unless_set
 
 # The rendezvous logs under one name, whichever module of it speaks.

@@ -19,10 +19,10 @@ from rallypoint.core import fanout
 from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.net.pause import Pause
+from rallypoint.rendezvous.cluster.masterbook import EncodedDoc
+from rallypoint.rendezvous.cluster.upstream import Upstream
+from rallypoint.rendezvous.cluster.verdict import stale_generation
 from rallypoint.rendezvous.context import NodeContext
-from rallypoint.rendezvous.masterbook import EncodedDoc
-from rallypoint.rendezvous.upstream import Upstream
-from rallypoint.rendezvous.verdict import stale_generation
 from rallypoint.rendezvous.waits import coalesce, wait_until
 from rallypoint.wire import batch as wirebatch
 from rallypoint.wire import routes

@@ -28,9 +28,9 @@ from rallypoint.core.liveness import Down, Watch, aged, warning
 from rallypoint.core.progress import Mark
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.net import resolve
+from rallypoint.rendezvous.afterready.jobwatch import JobWatch
+from rallypoint.rendezvous.afterready.progresswatch import ProgressWatch
 from rallypoint.rendezvous.context import NodeContext
-from rallypoint.rendezvous.jobwatch import JobWatch
-from rallypoint.rendezvous.progresswatch import ProgressWatch
 from rallypoint.wire import alive as wirealive
 
 log = logging.getLogger("rallypoint.rendezvous")

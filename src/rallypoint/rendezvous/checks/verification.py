@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping
 from rallypoint import wire
 from rallypoint.model import ClusterDoc, OverrideSource
 from rallypoint.reasons import Reason
-from rallypoint.rendezvous.clustercheck import GenerationCheck, Transport
-from rallypoint.rendezvous.connectivity import Connections
+from rallypoint.rendezvous.checks.clustercheck import GenerationCheck
+from rallypoint.rendezvous.checks.connectivity import Connections
+from rallypoint.rendezvous.checks.namecheck import NameCheck
+from rallypoint.rendezvous.checks.prober import Prober
+from rallypoint.rendezvous.checks.probewindows import Windows
+from rallypoint.rendezvous.cluster.masterbook import MasterBook, Transport
 from rallypoint.rendezvous.context import NodeContext
-from rallypoint.rendezvous.masterbook import MasterBook
-from rallypoint.rendezvous.namecheck import NameCheck
-from rallypoint.rendezvous.prober import Prober
-from rallypoint.rendezvous.probewindows import Windows
 from rallypoint.rendezvous.tasks import cancel_quietly
 
 #: Seconds between tries to open a window the last job's listener kept busy.

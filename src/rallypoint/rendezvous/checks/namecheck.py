@@ -21,7 +21,7 @@ from rallypoint.rendezvous.context import NodeContext
 from rallypoint.served import derive
 
 if TYPE_CHECKING:
-    from rallypoint.rendezvous.connectivity import Connections
+    from rallypoint.rendezvous.checks.connectivity import Connections
 
 # The rendezvous logs under one name, whichever module of it speaks.
 log = logging.getLogger("rallypoint.rendezvous")

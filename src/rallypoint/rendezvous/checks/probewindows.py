@@ -2,7 +2,7 @@
 
 Until the node turns ready, the ports the job will listen on (the master port, the JAX
 coordinator's, the TF worker's and the probe port) answer probes, so a peer's connection
-check reaches the very port the job's connection will (rendezvous/connectivity.py); before
+check reaches the very port the job's connection will (rendezvous/checks/connectivity.py); before
 ready they close again, so the job's own listeners find them free to bind.
 """
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import msgspec
@@ -26,68 +26,17 @@ from rallypoint.model import ClusterDoc, ClusterSpec
 from rallypoint.net.pause import Pause
 from rallypoint.net.peerhttp import PeerClient
 from rallypoint.reasons import Reason
-from rallypoint.rendezvous.masterbook import MasterBook
+from rallypoint.rendezvous.cluster.masterbook import Transport
 from rallypoint.rendezvous.tasks import unless_set
-from rallypoint.rendezvous.verdict import stale_generation
 from rallypoint.settings import Settings
 
 log = logging.getLogger("rallypoint.rendezvous")
-
-#: Sends a report and returns the master's verdict (a long-poll when ``seen`` is current).
-Transport = Callable[[wire.Report], Awaitable[wire.Verdict]]
 
 
 class Shown(Protocol):
     """Where the check shows why the node is not ready (its Readiness)."""
 
     def not_ready(self, *reasons: Reason) -> None: ...
-
-
-def local_transport(book: MasterBook, long_poll_s: float) -> Transport:
-    """The master reports to its own book."""
-
-    async def send(report: wire.Report) -> wire.Verdict:
-        return await answer_reports(
-            book,
-            (report,),
-            generation=report.generation,
-            seen=report.seen,
-            hold=True,
-            long_poll_s=long_poll_s,
-        )
-
-    return send
-
-
-async def answer_reports(
-    book: MasterBook,
-    reports: Sequence[wire.Report],
-    *,
-    generation: str,
-    seen: int,
-    hold: bool,
-    long_poll_s: float,
-) -> wire.Verdict:
-    """Record reports (one node's, or a relay's batch); the verdict, held while it is quiet.
-
-    JoinRejected (409 stale_generation) when ``generation`` is not the current document's.
-    """
-    for report in reports:
-        book.verdict.report(report)  # checks each: session, rank and host, generation
-    verdict = book.verdict.current
-    if verdict is None or verdict.generation != generation:  # an empty batch: a pure poll
-        raise stale_generation(generation, book.doc)
-    # A node that passed has nothing to act on until the verdict lands or a failure
-    # appears: hold its answer (one request per node on the happy path, not two).
-    quiet = (
-        hold
-        and all(report.passed for report in reports)
-        and not verdict.verified
-        and not verdict.failures
-    )
-    if verdict.version != seen and not quiet:
-        return verdict
-    return await book.verdict.wait(generation, verdict.version, long_poll_s)
 
 
 def http_transport(

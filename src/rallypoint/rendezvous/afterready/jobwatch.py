@@ -28,7 +28,7 @@ from rallypoint.core.jobs import JobBook, JobState
 from rallypoint.core.liveness import Down
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
-from rallypoint.rendezvous.attempts import WITHDRAWN, Attempts
+from rallypoint.rendezvous.afterready.attempts import WITHDRAWN, Attempts
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire.jobstates import Report
 
