@@ -33,6 +33,7 @@ from rallypoint.net.ports import HeldPort
 from rallypoint.net.resolve import Resolver
 from rallypoint.reasons import Reason, discovering_reason
 from rallypoint.rendezvous import status
+from rallypoint.rendezvous.afterready import room
 from rallypoint.rendezvous.afterready.jobwatch import JobWatch
 from rallypoint.rendezvous.afterready.keepalive import Keepalive
 from rallypoint.rendezvous.afterready.progresswatch import ProgressWatch
@@ -51,6 +52,7 @@ from rallypoint.rendezvous.readiness import Readiness
 from rallypoint.rendezvous.tasks import cancel_quietly
 from rallypoint.settings import Settings
 from rallypoint.wire import fields
+from rallypoint.wire.local import JOBS_UNKNOWN, JobsUnknown, JobView
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +224,7 @@ class Rendezvous(AsyncResource):
         self.windows, prober = self._connection_check(spec)
         if spec.is_master:
             self.book = MasterBook(spec, self.held["master"].port, self.epoch)
+            self.readiness.warn_from(self.book.verdict.warnings)
         transport = self._transport()
         self.ctx = self._node_context(spec)
         self.verification = Verification(
@@ -235,30 +238,9 @@ class Rendezvous(AsyncResource):
         )
         if self.book is not None:
             self.master = Master(self.book, self.ctx, documents=self.verification)
+        after = room.build(self.ctx, self.offsets, boot=self.epoch)
+        self.jobs, self.progress, self.keepalive = after.jobs, after.progress, after.keepalive
         size = fanout.group_size(spec.nnodes, self.settings.relay_group_size)
-        self.jobs = JobWatch(
-            spec,
-            self.metrics,
-            boot=self.epoch,
-            group_size=size,
-            now=self.offsets.now,
-            offset=lambda: self.offsets.offset_s,
-            coordinated=self.settings.keepalive_s > 0,
-            sync_bound_s=liveness.UPSTREAM_DOWN_AFTER * self.settings.keepalive_s,
-            ready=lambda: self.readiness.ready,
-        )
-        offsets, jobs = self.offsets, self.jobs
-        self.progress = ProgressWatch(
-            spec,
-            group_size=size,
-            now=offsets.now,
-            offset=lambda: offsets.offset_s,
-            error=lambda: 0.0 if offsets.best is None else offsets.best.rtt_s / 2,
-            attempt=lambda: jobs.book.go,
-        )
-        if self.settings.keepalive_s > 0:
-            watch = liveness.Watch(spec.hosts, spec.rank, self.settings.keepalive_s)
-            self.keepalive = Keepalive(self.ctx, watch, self.jobs, self.progress)
         if fanout.group(spec.rank, size, spec.nnodes):
             ctx = self.ctx
             self.relay = Relay(ctx, poke=lambda host, epoch: poke_host(ctx, host, epoch))
@@ -375,12 +357,13 @@ class Rendezvous(AsyncResource):
             sections=self.status_sections,
         )
 
-    def job_status(self) -> dict[str, object]:
+    def job_status(self) -> JobView | JobsUnknown:
+        """GET /job's answer and /status "job" (the short form before the node list is known)."""
         if self.jobs is None:
-            return {"carried": False, "version": 0, "first": None, "stop": False}
+            return JOBS_UNKNOWN
         attempt = self.jobs.attempts.own().attempt
         progress = None if self.progress is None else self.progress.view(attempt)
-        return {"carried": self.keepalive is not None, **self.jobs.view(), "progress": progress}
+        return self.jobs.view(self.keepalive is not None, progress)
 
     def wake(self) -> None:
         """Cut a worker's join backoff short (mDNS saw the master change): re-join now."""

@@ -33,11 +33,8 @@ class Readiness:
         #: Warnings fixed at start (no token ...) and from the last verification.
         self.static_warnings: list[str] = []
         self.verify_warnings: list[str] = []
-        #: On the master, its verdict's warnings as they stand now: a node's clock measured
-        #: again in a report that came after the verdict still moves its warning.
-        self.cluster_warnings: Callable[[], Sequence[str]] = tuple
-        #: Peers named down after ready (keepalive.py); the env stays served meanwhile.
-        self.liveness_warnings: list[str] = []
+        #: Warnings read as they stand at each read (warn_from).
+        self._sources: list[Callable[[], Sequence[str]]] = []
         #: Set while a ready worker cannot reach its master (ready stays: see readiness.md).
         self.master_problem: Reason | None = None
         self._ready = False
@@ -91,15 +88,16 @@ class Readiness:
             )
         return reasons
 
+    def warn_from(self, source: Callable[[], Sequence[str]]) -> None:
+        """Show ``source``'s warnings as they stand at each read: the master's verdict (a
+        node's clock measured again in a report after the verdict still moves its warning),
+        the nodes named down after ready (the env stays served meanwhile)."""
+        self._sources.append(source)
+
     def warnings(self) -> list[str]:
         env_warnings = list(self.env.warnings) if self.env is not None else []
-        return [
-            *self.static_warnings,
-            *self.verify_warnings,
-            *self.cluster_warnings(),
-            *env_warnings,
-            *self.liveness_warnings,
-        ]
+        live = [warning for source in self._sources for warning in source()]
+        return [*self.static_warnings, *self.verify_warnings, *env_warnings, *live]
 
     @property
     def env_waiters(self) -> int:

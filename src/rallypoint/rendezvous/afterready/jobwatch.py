@@ -31,6 +31,7 @@ from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous.afterready.attempts import WITHDRAWN, Attempts
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire.jobstates import Report
+from rallypoint.wire.local import JobView, ProgressView, ShownState
 
 log = logging.getLogger("rallypoint.rendezvous")
 
@@ -50,6 +51,7 @@ class JobWatch:
         coordinated: bool = True,
         sync_bound_s: float = 15.0,
         ready: Callable[[], bool] = lambda: True,
+        unsettled_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.spec = spec
         self.book = JobBook(spec.hosts)
@@ -60,12 +62,12 @@ class JobWatch:
         self._now = now
         self._offset = offset
         self._changed = asyncio.Condition()
-        #: Set by the keep-alive loop: send a keep-alive upstream now (a worker's change).
-        self.nudge_up: Callable[[], None] = lambda: None
-        #: Set by the keep-alive loop: push the first failure / our own end down now.
-        self.nudge_down: Callable[[], None] = lambda: None
-        #: Set by the keep-alive loop: seconds until every silent watched node is settled.
-        self.unsettled_s: Callable[[], float] = lambda: 0.0
+        #: For the keep-alive loop: send a keep-alive upstream now (a worker's change), and
+        #: push the first failure or this node's own end down now.
+        self.send_up = asyncio.Event()
+        self.send_down = asyncio.Event()
+        #: Seconds until every silent watched node is settled (the liveness watch's).
+        self.unsettled_s = unsettled_s
         #: Whether this node's `run` reported (a restarted sidecar keeps alive at once).
         self.reported = asyncio.Event()
         #: A relay's members' states as last sent upstream (resent after an upstream restart).
@@ -123,14 +125,14 @@ class JobWatch:
             # Starting, not numbered yet: held until this node has heard the cluster's count.
             self.attempts.unnumbered = job
             if not await self._number():
-                self.nudge_up()  # a keep-alive brings the count back at once
+                self.send_up.set()  # a keep-alive brings the count back at once
             return
         if not await self._take([job]):
             return
         if self._pushes_down():
-            self.nudge_down()
+            self.send_down.set()
         if not spec.is_master:
-            self.nudge_up()
+            self.send_up.set()
         if job.state in ("running", "stopped"):
             return  # nothing waits on these: a start, and a stop the others caused
         # `run` hears back once the report went up (or down, on the master): a job that
@@ -148,7 +150,7 @@ class JobWatch:
         log.warning("job_lost", extra={"rank": lost.rank, "host": lost.host, "detail": lost.detail})
         await self._take([lost], mine=True)
         if self._pushes_down():
-            self.nudge_down()
+            self.send_down.set()
 
     async def _number(self) -> bool:
         """Take this node's starting state once it can be numbered; whether it was."""
@@ -158,7 +160,7 @@ class JobWatch:
         log.info("job_starting", extra={"attempt": job.attempt})
         await self._take([job])
         if not self.spec.is_master:
-            self.nudge_up()
+            self.send_up.set()
         return True
 
     async def wait(self, after: int, timeout_s: float) -> None:
@@ -230,7 +232,7 @@ class JobWatch:
             await self._changed_now()
         await self._number()
         if changed and not upstream and not self.spec.is_master:
-            self.nudge_up()  # a relay passes its group's news on at once
+            self.send_up.set()  # a relay passes its group's news on at once
 
     def with_jobs(self, answer: wirealive.AliveAnswer, seen: int) -> wirealive.AliveAnswer:
         """``answer`` with our job fields, for a keep-alive whose sender holds version ``seen``:
@@ -347,7 +349,7 @@ class JobWatch:
             self._metrics.job_restarts.labels(jobs.cause(failed)).inc()
         self._metrics.job_attempt.set(book.go)
         if self._pushes_down():
-            self.nudge_down()
+            self.send_down.set()
 
     def _first_changed(self, before: JobState | None) -> None:
         """Say a new first failure, and push it down at once (master, relays)."""
@@ -359,7 +361,7 @@ class JobWatch:
             extra={"rank": first.rank, "host": first.host, "what": jobs.describe(first)},
         )
         if self._pushes_down():
-            self.nudge_down()
+            self.send_down.set()
 
     def _pushes_down(self) -> bool:
         spec = self.spec
@@ -374,24 +376,19 @@ class JobWatch:
 
     # -- what the local API shows -------------------------------------------------------
 
-    def view(self) -> dict[str, object]:
-        """GET /job and /status "job": this node's job, the first failure, every node's state."""
+    def view(self, carried: bool, progress: ProgressView | None) -> JobView:
+        """GET /job and /status "job": this node's job, the first failure, every node's state
+        (``carried``: whether keep-alives carry it; ``progress``: the progress marks')."""
         book, spec, now = self.book, self.spec, self._now()
         own = self.attempts.own()
         first = book.first if own.state == "starting" else book.first_of(own.attempt)
-        starting = own.state == "starting"
-        return {
-            "version": book.version,
-            "boot": self.boot,
-            "rank": spec.rank,
-            "host": spec.host,
-            "attempt": book.go,
-            "own": jobs.as_json(own, now),
-            "start": self.attempts.start(),
-            "first": None if first is None else jobs.as_json(first, now),
-            "attempts": [jobs.as_json(f, now) for f in book.firsts()],
-            "stop": not starting and jobs.stops(first, spec.rank),
-            "unsettled_s": round(self.unsettled_s(), 3),
-            "counts": self._counts if len(spec.hosts) > wirealive.MAX_JOBS_SHOWN else book.counts(),
-            "nodes": [jobs.as_json(j, now) for j in book.table(wirealive.MAX_JOBS_SHOWN)],
-        }
+        counts = self._counts if len(spec.hosts) > wirealive.MAX_JOBS_SHOWN else book.counts()
+        return JobView(
+            carried, book.version, self.boot, spec.rank, spec.host, book.go,
+            ShownState.of(own, now), self.attempts.start(),
+            None if first is None else ShownState.of(first, now),
+            tuple(ShownState.of(f, now) for f in book.firsts()),
+            own.state != "starting" and jobs.stops(first, spec.rank),
+            round(self.unsettled_s(), 3), counts,
+            tuple(ShownState.of(j, now) for j in book.table(wirealive.MAX_JOBS_SHOWN)), progress,
+        )  # fmt: skip

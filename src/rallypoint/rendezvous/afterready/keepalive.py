@@ -37,6 +37,8 @@ log = logging.getLogger("rallypoint.rendezvous")
 
 #: Most silent ranks the master checks at once in one interval (the rest wait their turn).
 MAX_CHECKS = 32
+#: Most nodes named down one by one in the warnings.
+WARNED = 8
 #: Most keep-alives a push of the first failure has in flight at once.
 MAX_PUSHES = 64
 #: Up to this many nodes the nodes a node watches have a rallypoint_peer_up series; above,
@@ -70,13 +72,8 @@ class Keepalive:
         #: The nodes with a rallypoint_peer_up series from here.
         self._gauged: frozenset[int] = frozenset()
         self._interval = watch.interval_s
-        self._up = asyncio.Event()
-        self._down = asyncio.Event()
         #: Set after each round of keep-alives: what they found is published now.
         self._heard_back = asyncio.Event()
-        jobs.nudge_up = self._up.set
-        jobs.nudge_down = self._down.set
-        jobs.unsettled_s = watch.unsettled_s
 
     async def _started(self) -> bool:
         """Wait for this node's first ready, or its job's report; False when shutting down."""
@@ -119,8 +116,8 @@ class Keepalive:
             # A job change on this node goes up at once, not at the next interval.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
-                    await self._up.wait()
-            self._up.clear()
+                    await self.jobs.send_up.wait()
+            self.jobs.send_up.clear()
 
     async def _judge(self) -> None:
         """Publish what the watch finds: after each round of keep-alives, and the moment a
@@ -145,8 +142,8 @@ class Keepalive:
                 await self._send(rank, body, self._interval)
 
         while True:
-            await self._down.wait()
-            self._down.clear()
+            await self.jobs.send_down.wait()
+            self.jobs.send_down.clear()
             if not self.jobs.push_due():
                 continue
             alive = self.jobs.push_body()
@@ -371,6 +368,9 @@ class Keepalive:
         metrics.peers_down.set(len(view))
         metrics.peers_left.set(len(left))
         self._named, self._named_at = view, time.monotonic()
-        self.ctx.readiness.liveness_warnings = [warning(d) for d in list(view.values())[:8]]
-        if len(view) > 8:
-            self.ctx.readiness.liveness_warnings.append(f"{len(view) - 8} more nodes are down")
+
+    def warnings(self) -> list[str]:
+        """The nodes named down, for readiness's warnings (the env stays served meanwhile)."""
+        down = list(self._named.values())
+        more = [f"{len(down) - WARNED} more nodes are down"] if len(down) > WARNED else []
+        return [warning(d) for d in down[:WARNED]] + more

@@ -150,11 +150,8 @@ class Verification:
             env = await self._names.until_passed(doc, check, connections)
             connections.start()
             verdict = await follow
-            book = self.book
-            if book is None:
+            if self.book is None:  # the master reads its book's verdict (node.py)
                 ctx.readiness.verify_warnings += list(verdict.warnings)
-            else:  # the master reads its book's verdict as later reports move it
-                ctx.readiness.cluster_warnings = book.verdict.warnings
             if self.windows is not None:
                 # Before ready: the job's own listeners must find the held ports free to bind.
                 await self.windows.close()
