@@ -13,11 +13,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
 
-__all__ = ["JOB_FAILURE_CAUSES", "Family", "Metrics", "Sample", "content_type"]
-
-#: rallypoint_job_failures_total's causes (jobs.cause), each exposed at 0 from the start:
-#: increase() sees no rise in a series whose first sample is already 1.
-JOB_FAILURE_CAUSES = CAUSES
+__all__ = ["Family", "Metrics", "Sample", "content_type"]
 
 
 def content_type() -> str:
@@ -119,9 +115,11 @@ def counter(name: str, doc: str, *labels: str) -> Family:
 
 
 def by_cause(name: str, doc: str) -> Family:
-    """A family of counters by job failure cause, every cause exposed at 0 from the start."""
+    """A family of counters by job failure cause (core/jobs.CAUSES, the failed states), every
+    cause exposed at 0 from the start: increase() sees no rise in a series whose first sample
+    is already 1."""
     family = counter(name, doc, "cause")
-    for cause in JOB_FAILURE_CAUSES:
+    for cause in CAUSES:
         family.labels(cause)
     return family
 

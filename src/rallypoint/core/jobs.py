@@ -21,22 +21,40 @@ later one.
 
 from __future__ import annotations
 
+import enum
 import signal as signals
 from collections.abc import Iterable
 from typing import Annotated
 
 import msgspec
 
-from rallypoint.model import Rank, at_most, one_of, within
+from rallypoint.model import Rank, at_most, within
 
-#: Every state a node's job can be in; the order is the order they may follow each other.
-STATES = (
-    "waiting", "starting", "running", "terminated", "stopped", "exited", "killed", "stalled",
-    "lost",
-)  # fmt: skip
-_ORDER = {state: index for index, state in enumerate(STATES)}
+
+class JobStatus(enum.StrEnum):
+    """Every state a node's job can be in; the order is the order they may follow each other.
+    The wire, /job, the CLI and the metrics all name a state by its value."""
+
+    WAITING = "waiting"
+    STARTING = "starting"
+    RUNNING = "running"
+    TERMINATED = "terminated"
+    STOPPED = "stopped"
+    EXITED = "exited"
+    KILLED = "killed"
+    STALLED = "stalled"
+    LOST = "lost"
+
+
+#: Every state's name, in order.
+STATES = tuple(JobStatus)
+_ORDER = {state: index for index, state in enumerate(JobStatus)}
 #: What `rallypoint run` reports to its own sidecar (lost is only ever named by the others).
-REPORTED = ("starting", "running", "terminated", "stopped", "exited", "killed", "stalled")
+REPORTED = tuple(s for s in JobStatus if s not in (JobStatus.WAITING, JobStatus.LOST))
+#: The states of a run that ended on its own node.
+ENDED = frozenset({JobStatus.EXITED, JobStatus.KILLED, JobStatus.STOPPED, JobStatus.TERMINATED})
+#: The states whose detail is a cause `run` found (its job's error file, where it stalled).
+EXPLAINED = frozenset({JobStatus.EXITED, JobStatus.KILLED, JobStatus.STALLED})
 #: Attempts are numbered from 0; -1 stands for "none started yet".
 MAX_ATTEMPT = 2**31 - 1
 Attempt = Annotated[int, within(0, MAX_ATTEMPT)]
@@ -51,7 +69,13 @@ Time = Annotated[float, within(0.0, MAX_TIME)]
 ExitCode = Annotated[int, within(0, 255)]
 Signal = Annotated[int, within(1, 127)]
 #: The kinds of failure, as the failures metric labels them.
-CAUSES = ("exited", "killed", "terminated", "stalled", "lost")
+CAUSES = (
+    JobStatus.EXITED,
+    JobStatus.KILLED,
+    JobStatus.TERMINATED,
+    JobStatus.STALLED,
+    JobStatus.LOST,
+)
 #: EX_TEMPFAIL (sysexits.h): the default status when a node was lost, the code to requeue on.
 LOST_EXIT_CODE = 75
 #: The status of a stalled job: its own failure, counted like a crash (not requeued in a loop).
@@ -66,7 +90,7 @@ class JobState(msgspec.Struct, frozen=True, omit_defaults=True):
     rank: Rank
     #: A host name or an IP literal (wire/fields.host_name checks it after decoding).
     host: str
-    state: Annotated[str, one_of(STATES)]
+    state: JobStatus
     #: When the job started, by its node's own clock (0.0 while waiting): names the run, so
     #: that one run of the job is told from the next.
     started: Time = 0.0
@@ -85,9 +109,14 @@ class JobState(msgspec.Struct, frozen=True, omit_defaults=True):
     @property
     def failed(self) -> bool:
         """Whether this state is a failure that stops the job on every other node."""
-        if self.state == "exited":
+        if self.state == JobStatus.EXITED:
             return self.code != 0
-        return self.state in ("killed", "terminated", "stalled", "lost")
+        return self.state in (
+            JobStatus.KILLED,
+            JobStatus.TERMINATED,
+            JobStatus.STALLED,
+            JobStatus.LOST,
+        )
 
     @property
     def key(self) -> tuple[int, float, int, float]:
@@ -109,19 +138,19 @@ def signal_name(number: int | None) -> str:
 def describe(job: JobState) -> str:
     """What happened, in a few words: exited 1, killed by SIGKILL, lost: ..."""
     why = f": {job.detail}" if job.detail else ""
-    if job.state == "exited":
+    if job.state == JobStatus.EXITED:
         return f"exited {job.code}{why}"
-    if job.state == "killed":
+    if job.state == JobStatus.KILLED:
         return f"killed by {signal_name(job.signal)}{why}"
-    if job.state == "terminated":
+    if job.state == JobStatus.TERMINATED:
         return f"stopped from outside by {signal_name(job.signal)}"
-    if job.state == "lost":
+    if job.state == JobStatus.LOST:
         return f"lost: {job.detail}" if job.detail else "lost"
-    if job.state == "stalled":
+    if job.state == JobStatus.STALLED:
         return f"stalled {job.detail}" if job.detail else "stalled"
-    if job.state == "stopped":
+    if job.state == JobStatus.STOPPED:
         return "stopped by the cluster"
-    if job.state == "starting":
+    if job.state == JobStatus.STARTING:
         return f"starting attempt {job.attempt}"
     return job.state
 
@@ -139,11 +168,11 @@ def exit_status(first: JobState, lost_code: int = LOST_EXIT_CODE) -> int:
     (STALLED_EXIT_CODE); a lost node, or one stopped from outside, gives ``lost_code``: the
     one a scheduler maps to a requeue.
     """
-    if first.state == "exited" and first.code is not None:
+    if first.state == JobStatus.EXITED and first.code is not None:
         return first.code
-    if first.state == "killed" and first.signal is not None:
+    if first.state == JobStatus.KILLED and first.signal is not None:
         return 128 + first.signal
-    if first.state == "stalled":
+    if first.state == JobStatus.STALLED:
         return STALLED_EXIT_CODE
     return lost_code
 
@@ -154,7 +183,7 @@ def stops(first: JobState | None, rank: int) -> bool:
     Every failure but this node's own stops it; so does this node named lost (the others
     stopped: a node cut off and healed must not run alone).
     """
-    return first is not None and (first.rank != rank or first.state == "lost")
+    return first is not None and (first.rank != rank or first.state == JobStatus.LOST)
 
 
 def line(first: JobState, before_s: float | None) -> str:
@@ -183,8 +212,8 @@ class JobBook:
         #: attempt -> its first failure (the newest KEPT_ATTEMPTS attempts').
         self._firsts: dict[int, JobState] = {}
         #: Nodes per state, kept as states change: counts() is read at every change.
-        self._counts = dict.fromkeys(STATES, 0)
-        self._counts["waiting"] = len(self.hosts)
+        self._counts = dict.fromkeys(JobStatus, 0)
+        self._counts[JobStatus.WAITING] = len(self.hosts)
         #: attempt -> how many nodes are starting for it.
         self._starting: dict[int, int] = {}
         #: The attempt the cluster started last (-1: none yet).
@@ -219,12 +248,15 @@ class JobBook:
         known = self._states.get(job.rank)
         if known is None or job.key > known.key:
             self._states[job.rank] = job
-            self._counts["waiting" if known is None else known.state] -= 1
+            self._counts[JobStatus.WAITING if known is None else known.state] -= 1
             self._counts[job.state] += 1
             self._count_starting(known, -1)
             self._count_starting(job, +1)
             changed = True
-        if job.state not in ("waiting", "starting", "stopped") and job.attempt > self.go:
+        if (
+            job.state not in (JobStatus.WAITING, JobStatus.STARTING, JobStatus.STOPPED)
+            and job.attempt > self.go
+        ):
             self.go = job.attempt
             changed = True
         if job.failed and self._keep_failure(job):
@@ -265,7 +297,7 @@ class JobBook:
         return True
 
     def _count_starting(self, job: JobState | None, by: int) -> None:
-        if job is None or job.state != "starting":
+        if job is None or job.state != JobStatus.STARTING:
             return
         left = self._starting.get(job.attempt, 0) + by
         if left > 0:
@@ -298,10 +330,16 @@ class JobBook:
     def lose(self, rank: int, at: float, detail: str) -> JobState | None:
         """Name ``rank`` lost if its job was running (or stopping); the lost state, else None."""
         known = self._states.get(rank)
-        if known is None or known.state not in ("running", "terminated"):
+        if known is None or known.state not in (JobStatus.RUNNING, JobStatus.TERMINATED):
             return None
         lost = JobState(
-            rank, known.host, "lost", known.started, at, detail=detail, attempt=known.attempt
+            rank,
+            known.host,
+            JobStatus.LOST,
+            known.started,
+            at,
+            detail=detail,
+            attempt=known.attempt,
         )
         return lost if self.note(lost) else None
 
@@ -311,7 +349,7 @@ class JobBook:
         if known is not None:
             return known
         host = self.hosts[rank] if 0 <= rank < len(self.hosts) else "?"
-        return JobState(rank, host, "waiting")
+        return JobState(rank, host, JobStatus.WAITING)
 
     def states(self) -> list[JobState]:
         """Every known state, by rank."""
@@ -321,7 +359,7 @@ class JobBook:
         """Every failure heard of, earliest first."""
         return sorted(self._failures.values(), key=lambda j: (j.attempt, j.since, j.rank))
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[JobStatus, int]:
         """How many nodes' jobs are in each state (nodes never heard of count as waiting)."""
         return dict(self._counts)
 

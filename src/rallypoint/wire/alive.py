@@ -19,11 +19,11 @@ from typing import Annotated
 
 import msgspec
 
-from rallypoint.core.jobs import KEPT_ATTEMPTS, STATES, Go, JobState
+from rallypoint.core.jobs import KEPT_ATTEMPTS, Go, JobState, JobStatus
 from rallypoint.core.liveness import MAX_AGE_S, MAX_DETAIL, Age, Down
 from rallypoint.core.progress import Mark, Summary
 from rallypoint.errors import PeerMessageError
-from rallypoint.model import TOKEN_CHARS, Nodes, Rank, Session, at_most, matching, one_of, within
+from rallypoint.model import TOKEN_CHARS, Nodes, Rank, Session, at_most, matching, within
 from rallypoint.wire import jobstates
 from rallypoint.wire.fields import dump, host_name, load
 
@@ -87,7 +87,7 @@ class AliveAnswer(msgspec.Struct, frozen=True):
     jobs_version: Version = 0
     jobs: Annotated[tuple[JobState, ...], at_most(MAX_JOBS_SHOWN)] | None = None
     #: How many nodes' jobs are in each state (jobs.STATES), as the answerer knows them.
-    counts: dict[Annotated[str, one_of(STATES)], Nodes] = {}
+    counts: dict[JobStatus, Nodes] = {}
     #: The attempt the answerer knows the cluster started last (-1: none).
     go: Go = -1
     #: The cluster's progress in that attempt, as the master summed it up.

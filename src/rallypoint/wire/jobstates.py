@@ -12,7 +12,16 @@ from typing import Annotated
 
 import msgspec
 
-from rallypoint.core.jobs import MAX_DETAIL, REPORTED, Attempt, ExitCode, JobState, Signal, Time
+from rallypoint.core.jobs import (
+    MAX_DETAIL,
+    REPORTED,
+    Attempt,
+    ExitCode,
+    JobState,
+    JobStatus,
+    Signal,
+    Time,
+)
 from rallypoint.core.progress import LocalRank, Period, Phase, Step
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import at_most, one_of
@@ -89,9 +98,9 @@ def encode_report(report: Report) -> bytes:
 def parse_report(body: bytes) -> Report:
     """Validate a local report; PeerMessageError names the field at fault."""
     report = load(body, Report, MAX_REPORT_BYTES, "job report")
-    if report.state == "exited" and report.code is None:
+    if report.state == JobStatus.EXITED and report.code is None:
         raise PeerMessageError("job report: an exited job needs its code (0-255)")
-    if report.state in ("killed", "terminated") and report.signal is None:
+    if report.state in (JobStatus.KILLED, JobStatus.TERMINATED) and report.signal is None:
         raise PeerMessageError(f"job report: a {report.state} job needs its signal (1-127)")
     return report
 

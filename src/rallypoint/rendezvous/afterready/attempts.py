@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from rallypoint.core.jobs import JobBook, JobState
+from rallypoint.core.jobs import JobBook, JobState, JobStatus
 from rallypoint.errors import PeerMessageError
 from rallypoint.model import ClusterSpec
 from rallypoint.wire.jobstates import Report
@@ -33,7 +33,7 @@ from rallypoint.wire.jobstates import Report
 #: of_report's answer for a run that gave up before it was numbered: nothing to take.
 WITHDRAWN = -2
 #: A run's states while its child may be alive in the attempt it was numbered for.
-ACTIVE = ("starting", "running", "terminated")
+ACTIVE = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.TERMINATED)
 #: Why a node whose run vanished is lost (Attempts.vanished).
 RUN_VANISHED = "its run ended without a report (killed, or its container restarted)"
 
@@ -88,12 +88,12 @@ class Attempts:
         other, the attempt `run` was told to start, which must have been started (a report
         that names none belongs to the attempt started last). PeerMessageError otherwise."""
         book = self.book
-        if report.state == "starting":
+        if report.state == JobStatus.STARTING:
             return -1
         own = self.own()
         if (
-            report.state == "stopped"
-            and own.state == "starting"
+            report.state == JobStatus.STOPPED
+            and own.state == JobStatus.STARTING
             and own.started == round(report.started, 3)
         ):
             # The run gives up waiting to start (its --timeout or --rejoin-timeout, a stop
@@ -125,7 +125,7 @@ class Attempts:
             return None
         if not spec.is_master:
             self._vanished = (known.attempt, time.monotonic() + self._sync_bound_s)
-        return JobState(spec.rank, spec.host, "lost", known.started, now,
+        return JobState(spec.rank, spec.host, JobStatus.LOST, known.started, now,
                         detail=RUN_VANISHED, attempt=known.attempt)  # fmt: skip
 
     def heard_upstream(self, go: int, first: JobState | None) -> None:
@@ -142,7 +142,7 @@ class Attempts:
         numbered again for the next one: a run never joins an attempt under way.
         """
         own = self.own()
-        if own.state != "starting" or not self.synced():
+        if own.state != JobStatus.STARTING or not self.synced():
             return None
         if self._vanished is not None and time.monotonic() < self._vanished[1]:
             return None  # the upstream does not know yet that the last run vanished
@@ -154,7 +154,7 @@ class Attempts:
     def start(self) -> int | None:
         """The attempt this node's run may start its child for now, if any."""
         own = self.book.state(self.spec.rank)
-        if self.unnumbered is not None or own.state != "starting" or not self.ready():
+        if self.unnumbered is not None or own.state != JobStatus.STARTING or not self.ready():
             return None
         if not self.coordinated:
             return own.attempt

@@ -23,7 +23,7 @@ import logging
 import time
 
 from rallypoint.core import fanout, names
-from rallypoint.core.jobs import JobState
+from rallypoint.core.jobs import JobState, JobStatus
 from rallypoint.core.liveness import Down, Watch, aged, warning
 from rallypoint.core.progress import Mark
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
@@ -201,7 +201,7 @@ class Keepalive:
         and the ranks it pushes to), so that they show it as left, not lost. Not while its
         job still runs: then its node may be going down, and silence names it lost."""
         spec, own = self.ctx.spec, self.jobs.book.state(self.ctx.spec.rank)
-        if own.state in ("starting", "running"):
+        if own.state in (JobStatus.STARTING, JobStatus.RUNNING):
             log.info("goodbye_skipped", extra={"job": own.state})
             return
         upstream = [] if spec.is_master else [self._upstream()]
@@ -209,7 +209,7 @@ class Keepalive:
             spec.session,
             spec.rank,
             spec.host,
-            job=None if own.state == "waiting" else own,
+            job=None if own.state == JobStatus.WAITING else own,
             leaving=True,
             go=self.jobs.book.go,
         )
