@@ -63,7 +63,7 @@ async def test_a_process_without_the_token_cannot_stop_the_job() -> None:
             ends = [await proc.communicate() for proc in runs]
         assert [proc.returncode for proc in runs] == [0, 0], ends
         view = c.nodes[0].node.job_status()
-        assert view["first"] is None and view["own"]["code"] == 0, view  # type: ignore[index]
+        assert view.first is None and view.own is not None and view.own.code == 0, view  # type: ignore[union-attr]
 
 
 async def test_run_without_the_token_exits_2_with_one_line_and_starts_nothing() -> None:
@@ -82,8 +82,7 @@ async def until_running(c: Cluster) -> None:
     """Until the master's job view has both nodes' jobs running."""
 
     def running() -> bool:
-        nodes = c.nodes[0].node.job_status().get("nodes") or []
-        assert isinstance(nodes, list)
-        return len(nodes) == 2 and all(n.get("state") == "running" for n in nodes)
+        nodes = c.nodes[0].node.job_status().nodes  # type: ignore[union-attr]
+        return len(nodes) == 2 and all(n.state == "running" for n in nodes)
 
     await until(running, timeout_s=30.0)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from tests.support.cluster.inprocess import Cluster, ready_cluster, until
 from tests.support.env import child_env
@@ -27,7 +28,7 @@ LOOP = Path(__file__).parents[2] / "docs" / "examples" / "train_loop.sh"
 
 
 def progress(c: Cluster, rank: int) -> dict[str, Any]:
-    view = c.nodes[rank].node.job_status()["progress"]
+    view = msgspec.to_builtins(c.nodes[rank].node.job_status())["progress"]
     assert isinstance(view, dict)
     return view
 

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from rallypoint.cli import client, jobview
+from rallypoint.wire.local import JobView, ShownState
 
 #: The bound of these waits: long beside the early end, short for a unit test.
 BOUND_S = 3.0
@@ -15,14 +16,15 @@ BOUND_S = 3.0
 
 def serve(monkeypatch: pytest.MonkeyPatch, counts: dict[str, int], start: int | None) -> None:
     """A sidecar whose job view never changes: these counts, this start."""
-    view = {"version": 1, "boot": "b", "start": start, "counts": counts, "own": {"attempt": 1}}
+    own = ShownState(0, "n0", "starting", attempt=1)
+    view = JobView(version=1, boot="b", start=start, counts=counts, own=own)
 
-    def report_job(url: str, body: bytes, **_: object) -> dict[str, object]:
-        return dict(view)
+    def report_job(url: str, body: bytes, **_: object) -> JobView:
+        return view
 
-    def job(url: str, after: int | None = None, wait_s: float = 0.0) -> dict[str, object]:
+    def job(url: str, after: int | None = None, wait_s: float = 0.0) -> JobView:
         time.sleep(min(wait_s, 0.05))
-        return dict(view)
+        return view
 
     monkeypatch.setattr(client, "report_job", report_job)
     monkeypatch.setattr(client, "job", job)
@@ -72,8 +74,7 @@ def test_a_start_wins_over_a_lost_node(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_waiting_for_lost_reads_the_counts() -> None:
-    assert jobview.waiting_for_lost({"counts": {"starting": 1, "lost": 2}})
-    assert not jobview.waiting_for_lost({"counts": {"starting": 1, "lost": 1, "exited": 1}})
-    assert not jobview.waiting_for_lost({"counts": {"starting": 3, "lost": 0}})
-    assert not jobview.waiting_for_lost({"counts": "bad"})
-    assert not jobview.waiting_for_lost({})
+    assert jobview.waiting_for_lost(JobView(counts={"starting": 1, "lost": 2}))
+    assert not jobview.waiting_for_lost(JobView(counts={"starting": 1, "lost": 1, "exited": 1}))
+    assert not jobview.waiting_for_lost(JobView(counts={"starting": 3, "lost": 0}))
+    assert not jobview.waiting_for_lost(JobView())

@@ -83,7 +83,7 @@ class Recorder:
 def test_the_client_calls_by_the_table_and_sends_the_proof_on_writes_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    recorder = Recorder(client.Answer(200, "{}"))
+    recorder = Recorder(client.Answer(200, '{"ready": true}'))
     monkeypatch.setattr(client, "get", recorder)
     client.status("http://x", timeout_s=1)
     client.job("http://x", after=3, wait_s=1.5)

@@ -170,10 +170,11 @@ def test_status_shows_each_nodes_last_mark_and_who_is_behind() -> None:
         "counts": {"running": 2},
         "first": None,
         "nodes": [
-            {"rank": 0, "host": "sub0", "what": "running"},
-            {"rank": 2, "host": "sub2", "what": "running"},
+            {"rank": 0, "host": "sub0", "state": "running", "what": "running"},
+            {"rank": 2, "host": "sub2", "state": "running", "what": "running"},
         ],
         "progress": {
+            "attempt": 0,
             "marked": 2,
             "oldest": [mark, newest],
             "newest": newest,

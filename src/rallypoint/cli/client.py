@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
-import json
 import re
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -18,11 +19,16 @@ from rallypoint.core.backoff import Backoff
 from rallypoint.errors import (
     HostfileError,
     NotReady,
+    PeerMessageError,
+    RallypointError,
     RendezvousTimeout,
     SidecarError,
     SidecarUnreachable,
     WriteRefused,
 )
+from rallypoint.wire import local
+
+T = TypeVar("T")
 
 #: Extra seconds a request may take beyond the long-poll it asked the server for.
 _MARGIN_S = 5.0
@@ -106,27 +112,20 @@ def get(
         ) from exc
 
 
-def reasons_of(body: str) -> list[str]:
-    """The reasons of a 503 answer: the JSON "reasons" list, else the body's first line."""
-    return [_reason(reason) for reason in reason_docs(body)]
-
-
 def reason_docs(body: str) -> list[dict[str, object]]:
     """The reasons of a 503 answer as the local API gives them ({"code", "message", ...}).
 
-    A JSON body without a "reasons" list gives its "error"; a text body (/readyz) its first
-    line, whose "(+N more, see /status)" becomes a "more" count.
+    A JSON body without reasons gives its "error" (wire/local.NotReadyAnswer, ErrorAnswer);
+    a text body (/readyz) its first line, whose "(+N more, see /status)" becomes a "more"
+    count.
     """
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict):
-        reasons = doc.get("reasons")
-        if isinstance(reasons, list) and reasons:
-            return [r if isinstance(r, dict) else {"message": str(r)} for r in reasons]
-        if isinstance(doc.get("error"), str):
-            return [{"message": doc["error"]}]
+    data = body.encode()
+    with contextlib.suppress(PeerMessageError):
+        reasons = local.load(data, local.NotReadyAnswer, "503").reasons
+        if reasons:
+            return [msgspec.to_builtins(reason) for reason in reasons]
+    with contextlib.suppress(PeerMessageError):
+        return [{"message": local.load(data, local.ErrorAnswer, "503").error}]
     first = body.strip().splitlines()[0] if body.strip() else ""
     first = first.removeprefix("not ready: ")  # /readyz says so already
     if not first:
@@ -171,41 +170,79 @@ def _not_ready(base_url: str, body: str) -> NotReady:
     )
 
 
-#: The routes whose 503 says why the node is not ready (NotReady), as /env's does.
-_READINESS = frozenset({localapi.ENV, localapi.HOSTFILE, localapi.READYZ})
+#: The codes of the refusals a route may give, and what each is here (exit 2: the hostfile's).
+_REFUSALS: dict[str, type[RallypointError]] = {
+    "no_hostfile": HostfileError,
+    "no_master": SidecarError,
+    "discovering": SidecarError,
+}
 
 
 def call(
     base_url: str,
-    route: localapi.LocalRoute,
+    route: localapi.LocalRoute[Any],
     *,
     timeout_s: float,
     query: Mapping[str, str] | None = None,
     body: bytes | None = None,
     proof: str | None = None,
-    ok: tuple[int, ...] = (200,),
 ) -> Answer:
-    """One request of a local route (localapi.py), answered with a status in ``ok``.
+    """One request of a local route (localapi.py), answered with a status its row names.
 
-    NotReady for a readiness route's 503, WriteRefused for a write's 403 (the session
-    token: retrying cannot help), SidecarError for any other status. ``proof`` is sent on
-    the writes only (auth.Authenticator.local_proof; None without a token).
+    NotReady for a gated route's 503, WriteRefused for a write's 403 (the session token:
+    retrying cannot help), the error a refusal's code names (HostfileError for
+    ``no_hostfile``), SidecarError for any other status. ``proof`` is sent on the writes only
+    (auth.Authenticator.local_proof; None without a token).
     """
     path = route.path + ("?" + urllib.parse.urlencode(query) if query else "")
     sent = proof if route.write else None
     answer = get(base_url, path, timeout_s=timeout_s, body=body, proof=sent)
-    if answer.status in ok:
+    if answer.status in route.answered:
         return answer
-    if answer.status == 503 and route in _READINESS:
+    if answer.status == 503 and route.gated:
         raise _not_ready(base_url, answer.body)
+    refusal = _refusal(answer)
     if answer.status == 403 and route.write:
-        try:
-            said = json.loads(answer.body).get("error")
-        except (ValueError, AttributeError):
-            said = None
-        text = said if isinstance(said, str) else answer.body.strip()[:200]
-        raise WriteRefused(f"the sidecar on {_where(base_url)} refused {route.context}: {text}")
+        said = answer.body.strip()[:200] if refusal is None else refusal.error
+        raise WriteRefused(f"the sidecar on {_where(base_url)} refused {route.context}: {said}")
+    if refusal is not None and refusal.code in _REFUSALS:
+        raise _REFUSALS[refusal.code](refusal.error)
     raise _unexpected(base_url, f"{route.method} {path}", answer, "")
+
+
+def _refusal(answer: Answer) -> local.ErrorAnswer | None:
+    """The one-line JSON error an answer carries, if it is one."""
+    try:
+        return local.load(answer.body.encode(), local.ErrorAnswer, "error")
+    except PeerMessageError:
+        return None
+
+
+def fetch(
+    base_url: str,
+    route: localapi.LocalRoute[T],
+    *,
+    timeout_s: float,
+    query: Mapping[str, str] | None = None,
+    body: bytes | None = None,
+    proof: str | None = None,
+) -> T:
+    """One request of a JSON route (``call``), its answer decoded into the row's type."""
+    answer = call(base_url, route, timeout_s=timeout_s, query=query, body=body, proof=proof)
+    assert route.body is not None, f"{route.context} answers no JSON"
+    return decode(base_url, route, answer, route.body)
+
+
+def decode(base_url: str, route: localapi.LocalRoute[Any], answer: Answer, kind: type[T]) -> T:
+    """An answer of ``route`` as a ``kind``; SidecarError, one line naming the route and what
+    is wrong, when it is not one."""
+    what = f"{route.context} on {_where(base_url)} answered {answer.status}"
+    try:
+        return local.load(answer.body.encode(), kind, what)
+    except PeerMessageError as exc:
+        raise SidecarError(
+            f"{exc}: is a rallypoint sidecar of the same version listening there?"
+        ) from None
 
 
 def _unexpected(base_url: str, request: str, answer: Answer, what: str) -> SidecarError:
@@ -221,19 +258,12 @@ def fetch_env(
     base_url: str, fmt: str = "json", wait_s: float = 0.0, *, timeout_s: float = _MARGIN_S
 ) -> str:
     """The rendered env from GET /env; NotReady when the sidecar is not ready after wait_s."""
-    query = {"format": fmt, **({"wait": f"{wait_s:.3f}"} if wait_s > 0 else {})}
-    return call(base_url, localapi.ENV, query=query, timeout_s=timeout_s + wait_s).body
+    return _when_ready(base_url, localapi.ENV, wait_s, timeout_s, {"format": fmt})
 
 
 def env_values(body: str) -> dict[str, str]:
     """GET /env?format=json's body as a dict; SidecarError when it is not one of strings."""
-    try:
-        values = json.loads(body)
-    except ValueError as exc:
-        raise SidecarError(f"GET /env answered JSON that does not parse: {exc}") from exc
-    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
-        raise SidecarError("GET /env answered JSON that is not an object of strings")
-    return values
+    return decode("the sidecar", localapi.ENV, Answer(200, body), local.EnvValues)
 
 
 def fetch_hostfile(base_url: str, wait_s: float = 0.0, *, timeout_s: float = _MARGIN_S) -> str:
@@ -241,13 +271,20 @@ def fetch_hostfile(base_url: str, wait_s: float = 0.0, *, timeout_s: float = _MA
 
     HostfileError (exit 2) when the sidecar has no slot count to write (answer 409).
     """
-    query = {"wait": f"{wait_s:.3f}"} if wait_s > 0 else None
-    answer = call(
-        base_url, localapi.HOSTFILE, query=query, timeout_s=timeout_s + wait_s, ok=(200, 409)
-    )
-    if answer.status == 409:
-        raise HostfileError(reasons_of(answer.body)[0])
-    return answer.body
+    return _when_ready(base_url, localapi.HOSTFILE, wait_s, timeout_s, {})
+
+
+def _when_ready(
+    base_url: str,
+    route: localapi.LocalRoute[Any],
+    wait_s: float,
+    timeout_s: float,
+    query: dict[str, str],
+) -> str:
+    """A gated route's text once ready, waiting up to ``wait_s`` for it (?wait=)."""
+    if wait_s > 0:
+        query["wait"] = f"{wait_s:.3f}"
+    return call(base_url, route, query=query, timeout_s=timeout_s + wait_s).body
 
 
 def readyz(base_url: str, *, timeout_s: float = 2.0) -> str:
@@ -255,56 +292,45 @@ def readyz(base_url: str, *, timeout_s: float = 2.0) -> str:
     return call(base_url, localapi.READYZ, timeout_s=timeout_s).body
 
 
-def status(base_url: str, *, timeout_s: float = _MARGIN_S) -> dict[str, object]:
-    """The JSON document of GET /status (served whether ready or not)."""
-    answer = call(base_url, localapi.STATUS, timeout_s=timeout_s, ok=(200, 503))
-    return _json_object(base_url, "/status", answer)
+def status(base_url: str, *, timeout_s: float = _MARGIN_S) -> local.StatusView:
+    """GET /status as the CLI reads it (served whether ready or not)."""
+    return fetch(base_url, localapi.STATUS, timeout_s=timeout_s)
 
 
-def mesh(base_url: str, *, timeout_s: float = 3 * _MARGIN_S) -> dict[str, object]:
+def status_document(base_url: str, *, timeout_s: float = _MARGIN_S) -> dict[str, Any]:
+    """The whole /status document, every section as the sidecar wrote it."""
+    answer = call(base_url, localapi.STATUS, timeout_s=timeout_s)
+    return decode(base_url, localapi.STATUS, answer, dict[str, Any])
+
+
+def mesh(base_url: str, *, timeout_s: float = 3 * _MARGIN_S) -> dict[str, Any]:
     """The mesh from GET /mesh (the master's view); SidecarError saying why when there is none.
 
     A node other than the master asks the master for it, hence the longer timeout.
     """
-    answer = call(base_url, localapi.MESH, timeout_s=timeout_s, ok=(200, 409, 502))
-    if answer.status != 200:
-        raise SidecarError(str(reason_docs(answer.body)[0].get("message", "no mesh")))
-    return _json_object(base_url, "/mesh", answer)
+    return fetch(base_url, localapi.MESH, timeout_s=timeout_s)
 
 
-def job(base_url: str, after: int | None = None, wait_s: float = 0.0) -> dict[str, object]:
+def job(base_url: str, after: int | None = None, wait_s: float = 0.0) -> local.JobView:
     """GET /job: the supervised job on every node; with ``after``, once its version passed it."""
     query = None if after is None else {"after": str(after), "wait": f"{wait_s:.3f}"}
-    answer = call(base_url, localapi.JOB, query=query, timeout_s=_MARGIN_S + wait_s)
-    return _json_object(base_url, "/job", answer)
+    return fetch(base_url, localapi.JOB, query=query, timeout_s=_MARGIN_S + wait_s)
 
 
 def report_job(
     base_url: str, body: bytes, *, proof: str | None = None, timeout_s: float = _MARGIN_S
-) -> dict[str, object]:
+) -> local.JobView:
     """POST /job: this node's job started or ended; the job view once the report went on.
 
     ``proof``: the session token's local proof, None without a token."""
-    answer = call(base_url, localapi.JOB_REPORT, body=body, proof=proof, timeout_s=timeout_s)
-    return _json_object(base_url, "/job", answer)
+    return fetch(base_url, localapi.JOB_REPORT, body=body, proof=proof, timeout_s=timeout_s)
 
 
 def report_progress(
     base_url: str, body: bytes, *, proof: str | None = None, timeout_s: float = _MARGIN_S
 ) -> None:
     """POST /job/progress: the job's latest progress mark (``proof`` as for report_job)."""
-    call(base_url, localapi.PROGRESS, body=body, proof=proof, timeout_s=timeout_s, ok=(204,))
-
-
-def _json_object(base_url: str, path: str, answer: Answer) -> dict[str, object]:
-    """The JSON object an answer carries; SidecarError for anything else."""
-    try:
-        doc = json.loads(answer.body)
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        raise _unexpected(base_url, path, answer, ", not a JSON object")
-    return doc
+    call(base_url, localapi.PROGRESS, body=body, proof=proof, timeout_s=timeout_s)
 
 
 def wait_env(

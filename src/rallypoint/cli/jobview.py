@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from rallypoint.cli import client
 from rallypoint.core import jobs
+from rallypoint.core.jobs import JobStatus
 from rallypoint.errors import RallypointError, WriteRefused
 from rallypoint.wire import jobstates
+from rallypoint.wire.local import JobView, ShownState
 
 #: Seconds between attempts to reach a sidecar that does not answer.
 RETRY_S = 1.0
@@ -48,7 +50,7 @@ def wait_start(
     """
     body = jobstates.encode_report(jobstates.Report("starting", started))
     began = time.monotonic()
-    view: dict[str, object] | None = None
+    view: JobView | None = None
     gone = said = False
     only_lost: float | None = None  # since when every node not lost is starting
     while not stopped():
@@ -62,8 +64,8 @@ def wait_start(
             if view is None:
                 view = client.report_job(url, body, proof=proof)
             else:
-                later = client.job(url, int(number(view.get("version")) or 0), START_POLL_S)
-                view = None if later.get("boot") != view.get("boot") else later
+                later = client.job(url, view.version, START_POLL_S)
+                view = None if later.boot != view.boot else later
                 if view is None:
                     continue  # the sidecar restarted: it must hear we are starting
         except WriteRefused:
@@ -75,9 +77,8 @@ def wait_start(
             view = None
             time.sleep(RETRY_S)
             continue
-        start = view.get("start")
-        if isinstance(start, int) and not isinstance(start, bool):
-            return start
+        if view.start is not None:
+            return view.start
         if not waiting_for_lost(view):
             only_lost = None
         elif only_lost is None:
@@ -100,35 +101,29 @@ def served_env(url: str, attempt: int, say: Callable[[str], None]) -> dict[str, 
         return {}
 
 
-def settled(url: str, view: dict[str, object]) -> dict[str, object]:
+def settled(url: str, view: JobView) -> JobView:
     """The view once an earlier failure elsewhere would be known.
 
     News travels within a moment (SETTLE_S), except while a node this sidecar keeps alive
     with is silent: then it may be the one that failed first (cut off, it cannot tell), so
     `run` waits until it is heard again or named lost (``unsettled_s``).
     """
-    version, counts = number(view.get("version")), view.get("counts")
-    alone = not isinstance(counts, dict) or sum(counts.values()) <= 1
-    if version is None or alone:
+    if sum(view.counts.values()) <= 1:
         return view  # no other node to hear from
-    unsettled = min(number(view.get("unsettled_s")) or 0.0, UNSETTLED_MAX_S)
+    unsettled = min(view.unsettled_s, UNSETTLED_MAX_S)
     deadline = time.monotonic() + max(SETTLE_S, unsettled)
     while (left := deadline - time.monotonic()) > 0:
         try:
-            later = client.job(url, int(version), left)
+            later = client.job(url, view.version, left)
         except RallypointError:
             return view
-        if later.get("stop") is True:
-            return later
-        if number(later.get("version")) == version:
-            return later  # nothing new within the wait
-        view, version = later, number(later.get("version"))
-        if version is None:
-            return view
+        if later.stop or later.version == view.version:
+            return later  # a stop, or nothing new within the wait
+        view = later
     return view
 
 
-def latest(url: str, view: dict[str, object]) -> dict[str, object]:
+def latest(url: str, view: JobView) -> JobView:
     """The job view as the sidecar has it now (an earlier failure may have come in while this
     node stopped its job); ``view`` when the sidecar does not answer."""
     with contextlib.suppress(RallypointError):
@@ -136,58 +131,28 @@ def latest(url: str, view: dict[str, object]) -> dict[str, object]:
     return view
 
 
-def first_failure(view: Mapping[str, object] | None) -> dict[str, object] | None:
-    """A job view's first failure (None: none, or no view)."""
-    first = None if view is None else view.get("first")
-    return first if isinstance(first, dict) else None
-
-
-def number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def state(first: Mapping[str, object]) -> jobs.JobState:
-    """The first failure as the local API shows it, back as a state (for its exit status)."""
-    code, signum, attempt = first.get("code"), first.get("signal"), first.get("attempt")
-    return jobs.JobState(
-        rank=int(number(first.get("rank")) or 0),
-        host=str(first.get("host")),
-        state=str(first.get("state")),
-        code=code if isinstance(code, int) else None,
-        signal=signum if isinstance(signum, int) else None,
-        detail=str(first.get("detail") or ""),
-        attempt=attempt if isinstance(attempt, int) and attempt >= 0 else 0,
-    )
-
-
-def line(first: Mapping[str, object]) -> str:
+def line(first: ShownState) -> str:
     """The first-failure line for a failure as the local API shows it."""
-    return jobs.line(state(first), number(first.get("ago_s")))
+    return jobs.line(first.job, first.ago)
 
 
-def waiting_for_lost(view: Mapping[str, object]) -> bool:
+def waiting_for_lost(view: JobView) -> bool:
     """Whether the nodes not yet starting are all lost: every other one is starting."""
-    counts = view.get("counts")
-    if not isinstance(counts, dict):
-        return False
-    lost, starting = counts.get("lost", 0), counts.get("starting", 0)
-    total = sum(v for v in counts.values() if isinstance(v, int))
-    return isinstance(lost, int) and lost > 0 and lost + starting == total
+    lost, starting = view.counts.get(JobStatus.LOST, 0), view.counts.get(JobStatus.STARTING, 0)
+    return lost > 0 and lost + starting == sum(view.counts.values())
 
 
-def starting(view: Mapping[str, object]) -> str:
+def starting(view: JobView) -> str:
     """How many nodes are starting, from a job view: "3 of 4 nodes starting attempt 1"."""
-    counts, own = view.get("counts"), view.get("own")
-    total = sum(v for v in counts.values() if isinstance(v, int)) if isinstance(counts, dict) else 0
-    waiting = counts.get("starting", 0) if isinstance(counts, dict) else 0
-    attempt = own.get("attempt") if isinstance(own, dict) else None
+    total, waiting = sum(view.counts.values()), view.counts.get(JobStatus.STARTING, 0)
+    attempt = None if view.own is None else view.own.attempt
     return f"{waiting} of {total} nodes starting attempt {attempt}"
 
 
 def follow_stop(
     url: str,
     running: Callable[[], bytes],
-    stop: Callable[[dict[str, object]], None],
+    stop: Callable[[JobView], None],
     over: threading.Event,
     *,
     proof: str | None = None,
@@ -195,7 +160,7 @@ def follow_stop(
 ) -> None:
     """Report the attempt's start (``running``'s body), then long-poll the sidecar until it
     says stop (``stop`` hears the view, once) or the attempt is ``over``."""
-    boot: object = None
+    boot: str | None = None
     version = -1
     gone = False
     while not over.is_set():
@@ -218,23 +183,21 @@ def follow_stop(
         if gone:
             say("rallypoint: the sidecar answers again; the job's state is reported")
             gone = False
-        if boot is None and view.get("carried") is False:
+        if boot is None and not view.carried:
             say(
                 "rallypoint: warning: the sidecar runs with --keepalive 0: other nodes'"
                 " failures cannot stop this job"
             )
-        if view.get("boot") != boot and boot is not None:
+        if view.boot != boot and boot is not None:
             boot = None  # the sidecar restarted: it must hear of the job again
             continue
-        boot = view.get("boot")
-        version = int(number(view.get("version")) or 0)
-        if view.get("stop") is True:
+        boot, version = view.boot, view.version
+        if view.stop:
             stop(view)
             return
 
 
-def behind(view: Mapping[str, object] | None) -> str:
+def behind(view: JobView | None) -> str:
     """The job view's line on which node's progress stopped first ("" when it has none)."""
-    progress = None if view is None else view.get("progress")
-    said = progress.get("behind") if isinstance(progress, dict) else None
-    return said if isinstance(said, str) else ""
+    progress = None if view is None else view.progress
+    return "" if progress is None else progress.behind or ""

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import click
+import msgspec
 
 from rallypoint.cli.options import (
     client_options,
@@ -18,6 +19,9 @@ from rallypoint.cli.options import (
 )
 from rallypoint.cli.output import EXIT_FAILED, Command, cell, table
 from rallypoint.cli.setup import base_url, setup
+from rallypoint.core.jobs import JobStatus
+from rallypoint.reasons import Reason
+from rallypoint.wire.local import JobView, ProgressView, ShownMark, ShownState, StatusView
 
 #: Above this many peers the table lists only those with problems (and counts the rest).
 SUMMARY_ABOVE = 64
@@ -71,35 +75,40 @@ def status(
         if not mesh_ok(view):
             raise click.exceptions.Exit(EXIT_FAILED)
         return
-    doc = client.status(base_url(ctx, settings))
-    if as_json:
+    if as_json:  # the whole document, every section as the sidecar wrote it
+        doc = client.status_document(base_url(ctx, settings))
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        ready = doc.get("ready") is True
     else:
-        click.echo(format_status(doc, explain=explain, show_all=show_all))
-    if not doc.get("ready"):
+        shown = client.status(base_url(ctx, settings))
+        click.echo(format_status(shown, explain=explain, show_all=show_all))
+        ready = shown.ready
+    if not ready:
         raise click.exceptions.Exit(EXIT_FAILED)
 
 
 _PEER_COLUMNS = ("rank", "host", "joined", "addresses", "tf_port", "verdict", "resolved", "detail")
 
 
-def format_status(doc: Mapping[str, Any], *, explain: bool = False, show_all: bool = False) -> str:
-    """A readable rendering of a /status document (the --json form carries everything).
+def format_status(
+    view: StatusView | Mapping[str, Any], *, explain: bool = False, show_all: bool = False
+) -> str:
+    """A readable rendering of GET /status (a raw document is decoded first; the --json
+    form carries everything).
 
     A verdict the sidecar excused (no problem on this node) reads `VERDICT (fine)`; with
     ``explain`` its detail (what the lookup found, no remedy: /status leaves it out) and
     why it is fine. Above
     SUMMARY_ABOVE peers the table lists the peers with problems only, unless ``show_all``.
     """
-    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
-    assert isinstance(spec, dict)
-    head: list[tuple[str, object]] = [("ready", bool(doc.get("ready")))]
-    head += [(key, doc[key]) for key in ("generation", "role") if key in doc]
-    head += [(key, spec[key]) for key in ("provider", "session", "nnodes", "rank", "master")
-             if key in spec]  # fmt: skip
-    ports = doc.get("ports") if isinstance(doc.get("ports"), dict) else {}
-    assert isinstance(ports, dict)
-    for name, port in ports.items():
+    doc = view if isinstance(view, StatusView) else msgspec.convert(view, StatusView)
+    head: list[tuple[str, object]] = [("ready", doc.ready)]
+    head += [(key, value) for key, value in (("generation", doc.generation), ("role", doc.role))
+             if value is not msgspec.UNSET]  # fmt: skip
+    if not isinstance(doc.spec, msgspec.UnsetType):
+        head += [(key, getattr(doc.spec, key))
+                 for key in ("provider", "session", "nnodes", "rank", "master")]  # fmt: skip
+    for name, port in doc.ports.items():
         if isinstance(port, dict):
             skipped = ", ".join(
                 f"{s.get('port')} {s.get('reason')}" for s in port.get("skipped", ())
@@ -107,12 +116,11 @@ def format_status(doc: Mapping[str, Any], *, explain: bool = False, show_all: bo
             held = "held" if port.get("held") else "not held"
             port = f"{port.get('port')} ({held}{'; skipped ' + skipped if skipped else ''})"
         head.append((f"{name} port", port))
-    auth = doc.get("auth")
-    if isinstance(auth, dict):
-        head.append(("auth", "on" if auth.get("enabled") else "off"))
+    if doc.auth:
+        head.append(("auth", "on" if doc.auth.get("enabled") else "off"))
     width = max(len(key) for key, _value in head)
     out = [f"{key.ljust(width)}  {cell(value)}" for key, value in head]
-    peers = [p for p in doc.get("peers") or () if isinstance(p, dict)]
+    peers = list(doc.peers)
     if len(peers) > SUMMARY_ABOVE and not show_all:
         peers_all, counts = peers, Counter(peer_state(p) for p in peers)
         said = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=_by_count))
@@ -124,78 +132,67 @@ def format_status(doc: Mapping[str, Any], *, explain: bool = False, show_all: bo
         columns = [c for c in _PEER_COLUMNS if any(peer.get(c) is not None for peer in peers)]
         rows = [[cell(peer.get(c)) for c in columns] for peer in peers]
         out += ["", table([c.upper() for c in columns], rows)]
-    liveness = doc.get("liveness") if isinstance(doc.get("liveness"), dict) else {}
-    assert isinstance(liveness, dict)
     sections = {
-        "reasons": [_reason(r) for r in doc.get("reasons") or ()],
-        "warnings": [cell(w) for w in doc.get("warnings") or ()],
-        "left": [_left(x) for x in liveness.get("left") or () if isinstance(x, dict)],
-        "overrides": [_override(o) for o in doc.get("overrides") or ()],
+        "reasons": [_reason(r) for r in doc.reasons],
+        "warnings": [cell(w) for w in doc.warnings],
+        "left": [_left(x) for x in doc.liveness.get("left") or () if isinstance(x, dict)],
+        "overrides": [_override(o) for o in doc.overrides],
     }
     for title, items in sections.items():
         if items:
             out += ["", f"{title}:"] + [f"  - {item}" for item in items]
-    out += job_lines(doc.get("job"), show_all=show_all)
+    if doc.job is not None:
+        out += job_lines(doc.job, show_all=show_all)
     return "\n".join(out)
 
 
-def job_lines(job: object, *, show_all: bool = False) -> list[str]:
+def job_lines(job: JobView | Mapping[str, Any], *, show_all: bool = False) -> list[str]:
     """The supervised job (`rallypoint run`): the first failure, counts, then node by node."""
-    if not isinstance(job, dict):
-        return []
-    counts = job.get("counts") if isinstance(job.get("counts"), dict) else {}
-    assert isinstance(counts, dict)
-    started = {k: v for k, v in counts.items() if k != "waiting" and isinstance(v, int) and v}
-    first = job.get("first")
-    if not started and not isinstance(first, dict):
+    view = job if isinstance(job, JobView) else msgspec.convert(job, JobView)
+    started = {k: v for k, v in view.counts.items() if k != JobStatus.WAITING and v}
+    if not started and view.first is None:
         return []  # no node runs its job under `rallypoint run` (yet)
     said = ", ".join(f"{n} {state}" for state, n in sorted(started.items(), key=_by_count))
-    waiting = counts.get("waiting")
-    attempt = job.get("attempt")
-    which = f"attempt {attempt}: " if isinstance(attempt, int) and attempt > 0 else ""
+    waiting = view.counts.get(JobStatus.WAITING)
+    which = f"attempt {view.attempt}: " if view.attempt > 0 else ""
     out = ["", f"job: {which}{said}" + (f", {waiting} not started" if waiting else "")]
-    if isinstance(first, dict):
-        out.append(f"  first failure: {_failure(first)}")
-    earlier = [f for f in job.get("attempts") or () if isinstance(f, dict)]
-    for failed in earlier:
-        if failed.get("attempt") != attempt:
-            out.append(f"  attempt {failed.get('attempt')}: first failure {_failure(failed)}")
-    progress = job.get("progress") if isinstance(job.get("progress"), dict) else {}
-    assert isinstance(progress, dict)
-    out += _progress_lines(progress)
-    marks = {m.get("rank"): m for m in progress.get("nodes") or () if isinstance(m, dict)}
-    nodes = [n for n in job.get("nodes") or () if isinstance(n, dict)]
+    if view.first is not None:
+        out.append(f"  first failure: {_failure(view.first)}")
+    for failed in view.attempts:
+        if failed.attempt != view.attempt:
+            out.append(f"  attempt {failed.attempt}: first failure {_failure(failed)}")
+    marks: dict[int, ShownMark] = {}
+    if view.progress is not None:
+        out += _progress_lines(view.progress)
+        marks = {m.rank: m for m in view.progress.nodes}
+    nodes = list(view.nodes)
     if not show_all and len(nodes) > SUMMARY_ABOVE:
-        nodes = [n for n in nodes if n.get("state") != "running"]
+        nodes = [n for n in nodes if n.state != "running"]
     for n in nodes:
-        out.append(f"  - {_who(n)}: {n.get('what')}{_mark(marks.get(n.get('rank')))}")
+        out.append(f"  - {_who(n)}: {n.what}{_mark(marks.get(n.rank))}")
     return out
 
 
-def _progress_lines(progress: Mapping[str, Any]) -> list[str]:
+def _progress_lines(progress: ProgressView) -> list[str]:
     """The cluster's progress: how many nodes marked, the oldest and newest, who is behind."""
-    marked, oldest, newest = progress.get("marked"), progress.get("oldest"), progress.get("newest")
-    if not isinstance(marked, int) or not marked or not isinstance(oldest, list) or not oldest:
+    if not progress.marked or not progress.oldest:
         return []
-    slowest = oldest[0]
-    line = f"  progress: {marked} nodes marked; oldest {_who(slowest)}{_mark(slowest)}"
-    if isinstance(newest, dict) and newest != slowest:
+    slowest, newest = progress.oldest[0], progress.newest
+    line = f"  progress: {progress.marked} nodes marked; oldest {_who(slowest)}{_mark(slowest)}"
+    if newest is not None and newest != slowest:
         line += f"; newest {_who(newest)}{_mark(newest)}"
-    behind = progress.get("behind")
-    return [line] + ([f"  {behind}"] if isinstance(behind, str) and behind else [])
+    return [line] + ([f"  {progress.behind}"] if progress.behind else [])
 
 
-def _who(mark: Mapping[str, Any]) -> str:
-    return f"{mark.get('host')} (rank {mark.get('rank')})"
+def _who(node: ShownMark | ShownState | Mapping[str, Any]) -> str:
+    if isinstance(node, Mapping):
+        return f"{node.get('host')} (rank {node.get('rank')})"
+    return f"{node.host} (rank {node.rank})"
 
 
-def _mark(mark: Mapping[str, Any] | None) -> str:
+def _mark(mark: ShownMark | None) -> str:
     """ ", step 1234 (data), 0.4 s ago" for a node's last progress ("" without one)."""
-    if not isinstance(mark, dict):
-        return ""
-    age = mark.get("age_s")
-    ago = f", {age:.1f} s ago" if isinstance(age, int | float) else ""
-    return f", {mark.get('where')}{ago}"
+    return "" if mark is None else f", {mark.where}, {mark.age_s:.1f} s ago"
 
 
 def _left(node: Mapping[str, Any]) -> str:
@@ -205,11 +202,10 @@ def _left(node: Mapping[str, Any]) -> str:
     return f"{_who(node)} said goodbye{ago} (its sidecar stopped on purpose; not down)"
 
 
-def _failure(first: Mapping[str, Any]) -> str:
+def _failure(first: ShownState) -> str:
     """sub2 (rank 2) exited 3, 4.2 s ago."""
-    ago = first.get("ago_s")
-    when = f", {ago:.1f} s ago" if isinstance(ago, int | float) else ""
-    return f"{first.get('host')} (rank {first.get('rank')}) {first.get('what')}{when}"
+    when = "" if first.ago is None else f", {first.ago:.1f} s ago"
+    return f"{_who(first)} {first.what}{when}"
 
 
 #: The peer states that are a problem: the summary lists these peers.
@@ -244,10 +240,8 @@ def _excused(peer: dict[str, Any], explain: bool) -> dict[str, Any]:
     return {**peer, "verdict": verdict, "detail": detail if explain else None}
 
 
-def _reason(reason: object) -> str:
-    if isinstance(reason, dict) and "message" in reason:
-        return f"{reason.get('code', '?')}: {reason['message']}"
-    return cell(reason)
+def _reason(reason: Reason) -> str:
+    return f"{reason.code}: {reason.message}"
 
 
 def _override(item: object) -> str:

@@ -35,6 +35,7 @@ from rallypoint.cli import (
 from rallypoint.core import jobs
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobstates
+from rallypoint.wire.local import JobView, ShownState
 
 #: The signals `run` passes on to the job's process group.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -226,7 +227,7 @@ class Supervisor:
                 assert isinstance(value, int)
                 return self._ended(value)
             if kind == "stop":
-                assert isinstance(value, dict)
+                assert isinstance(value, JobView)
                 return self._stop(value)
             if kind == "stall":
                 assert isinstance(value, progressfile.Stall)
@@ -277,22 +278,22 @@ class Supervisor:
             return Outcome(0, False)
         if view is None:
             return Outcome(status, False)  # no sidecar: no cluster to restart with
-        if view.get("stop") is not True:
+        if not view.stop:
             view = jobview.settled(self.url, view)
-        first = view.get("first")
-        if not isinstance(first, dict):
+        first = view.first
+        if first is None:
             return Outcome(status, True)
-        if view.get("stop") is True:
-            status = jobs.exit_status(jobview.state(first), self.lost_code)
+        if view.stop:
+            status = jobs.exit_status(first.job, self.lost_code)
         self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
-        return Outcome(status, first.get("state") != "terminated")
+        return Outcome(status, first.state != "terminated")
 
-    def _stop(self, view: dict[str, object]) -> Outcome:
+    def _stop(self, view: JobView) -> Outcome:
         """Another node failed first (or this one is lost): stop the job, exit with the status."""
-        first = view.get("first")
-        assert isinstance(first, dict)
+        first = view.first
+        assert first is not None
         own = self._progress.look() if self._progress is not None else None
-        if own is not None and first.get("state") == "stalled":
+        if own is not None and first.state == "stalled":
             # Stalled here too: the node whose progress stopped first is the one to blame,
             # and the sidecars keep the earliest failure (this one, if its mark is older).
             return self._stalled(own)
@@ -302,7 +303,7 @@ class Supervisor:
         # come in while the job stopped.
         answer = self._report("stopped")
         self._clear()
-        return self._exit_naming(jobview.first_failure(answer) or first, answer or view)
+        return self._exit_naming((answer and answer.first) or first, answer or view)
 
     def _stalled(self, stall: progressfile.Stall) -> Outcome:
         """This node's job made no progress within its bound: a failure like a crash. Said
@@ -324,19 +325,19 @@ class Supervisor:
         if view is None:
             return Outcome(jobs.STALLED_EXIT_CODE, False)  # no sidecar: no cluster to restart
         view = jobview.latest(self.url, view)
-        first = jobview.first_failure(view)
+        first = view.first
         if first is None:
             return Outcome(jobs.STALLED_EXIT_CODE, True)
         return self._exit_naming(first, view)
 
-    def _exit_naming(self, first: dict[str, object], view: dict[str, object]) -> Outcome:
+    def _exit_naming(self, first: ShownState, view: JobView) -> Outcome:
         """Exit with the first failure's status, naming it (and, after a stall, which node's
         progress stopped first); a restart may follow unless it was a stop from outside."""
-        status = jobs.exit_status(jobview.state(first), self.lost_code)
+        status = jobs.exit_status(first.job, self.lost_code)
         self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
-        if first.get("state") == "stalled" and (behind := jobview.behind(view)):
+        if first.state == "stalled" and (behind := jobview.behind(view)):
             self.say(f"rallypoint: {behind}")
-        return Outcome(status, first.get("state") != "terminated")
+        return Outcome(status, first.state != "terminated")
 
     def _stop_group(self) -> None:
         """SIGTERM to the job's group; SIGKILL, said, when the child outlives --grace."""
@@ -359,7 +360,7 @@ class Supervisor:
         at: float | None = None,
         timeout_s: float = REPORT_TIMEOUT_S,
         detail: str = "",
-    ) -> dict[str, object] | None:
+    ) -> JobView | None:
         report = jobstates.Report(state, self._started, code, signal, at, self._attempt, detail)
         body = jobstates.encode_report(report)
         try:

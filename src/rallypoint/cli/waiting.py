@@ -131,7 +131,7 @@ def _progress(settings: Settings, url: str) -> Progress:
 
     def fetch_status() -> dict[str, object] | None:
         try:
-            return client.status(url, timeout_s=2.0)
+            return client.status_document(url, timeout_s=2.0)
         except RallypointError:
             return None  # progress is best effort: the wait itself reports what matters
 

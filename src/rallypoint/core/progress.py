@@ -163,18 +163,3 @@ def _ms(seconds: float) -> str:
     if seconds < 0.01:
         return f"{seconds * 1000:.1f} ms"
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def as_json(mark: Mark, hosts: Sequence[str], now: float) -> dict[str, object]:
-    """A mark for the local API: who, where, and how long ago (``age_s``)."""
-    return {
-        "rank": mark.rank,
-        "host": hosts[mark.rank] if mark.rank < len(hosts) else None,
-        "attempt": mark.attempt,
-        "step": mark.step,
-        "phase": mark.phase or None,
-        "local_rank": mark.local_rank,
-        "at": round(mark.at, 3),
-        "age_s": round(max(now - mark.at, 0.0), 3),
-        "where": where(mark),
-    }

@@ -1,4 +1,5 @@
-"""What both APIs share: the node's app key, one-line JSON errors, query checks, the middleware."""
+"""What both APIs share: the node's app key, JSON answers and one-line errors (wire/local.py's
+types), query checks, the middleware that maps errors to answers."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from rallypoint.auth import NONCE_HEADER
-from rallypoint.errors import AuthError, JoinRejected, PeerMessageError
+from rallypoint.errors import AuthError, JoinRejected, MeshUnavailable, PeerMessageError
 from rallypoint.reasons import auth_reason
 from rallypoint.rendezvous.node import Rendezvous
+from rallypoint.wire import local
 from rallypoint.wire.fields import dump
 
 # The server logs under one name, whichever module of it speaks.
@@ -34,12 +36,14 @@ def api_app(
     return app
 
 
+def json_answer(answer: object, status: int = 200) -> web.Response:
+    """A JSON answer: a wire/local.py type (or builtins holding them), uncached."""
+    return web.json_response(local.answer(answer), status=status, headers=NO_STORE)
+
+
 def error_response(status: int, message: str, code: str | None = None) -> web.Response:
-    """A one-line JSON error: {"error": message[, "code": code]}."""
-    body: dict[str, str] = {"error": message}
-    if code is not None:
-        body["code"] = code
-    return web.json_response(body, status=status, headers=NO_STORE)
+    """A one-line JSON error: {"error": message[, "code": code]} (wire/local.ErrorAnswer)."""
+    return json_answer(local.ErrorAnswer(message, code), status)
 
 
 def observe(api: str) -> Middleware:
@@ -68,6 +72,8 @@ def observe(api: str) -> Middleware:
                 response = await clock_refusal(node, request, exc.skew_s, received, str(exc))
         except JoinRejected as exc:
             response = error_response(exc.status, str(exc), exc.code)
+        except MeshUnavailable as exc:  # both APIs' /mesh: the master is not reached yet
+            response = error_response(exc.status, str(exc), "no_master")
         except PeerMessageError as exc:
             response = error_response(400, str(exc), "bad_request")
         node.metrics.request_counter(api, route, response.status).inc()
@@ -120,4 +126,4 @@ def single_query(request: web.Request, allowed: tuple[str, ...]) -> dict[str, st
 
 def json_line(message: str, code: str | None = None) -> str:
     """The body of a one-line JSON error, for aiohttp's HTTP exceptions."""
-    return json.dumps({"error": message} if code is None else {"error": message, "code": code})
+    return json.dumps(local.answer(local.ErrorAnswer(message, code)))

@@ -5,12 +5,13 @@ reports and waits on, and its job's progress)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from aiohttp import web
 
 from rallypoint import localapi
 from rallypoint.auth import LOCAL_PROOF_HEADER
-from rallypoint.errors import AuthError, HostfileError, MeshUnavailable
+from rallypoint.errors import AuthError, HostfileError
 from rallypoint.model import Env
 from rallypoint.reasons import Reason, auth_reason
 from rallypoint.rendezvous.node import Rendezvous
@@ -21,10 +22,11 @@ from rallypoint.server.common import (
     Handler,
     api_app,
     error_response,
+    json_answer,
     single_query,
 )
 from rallypoint.server.scrape import metrics
-from rallypoint.wire import jobstates
+from rallypoint.wire import jobstates, local
 
 #: Requests to the local API carry no body.
 LOCAL_MAX_BYTES = 1024
@@ -54,7 +56,7 @@ def local_app(node: Rendezvous) -> web.Application:
     )
 
 
-def _registered(route: localapi.LocalRoute, handler: Handler) -> web.RouteDef:
+def _registered(route: localapi.LocalRoute[Any], handler: Handler) -> web.RouteDef:
     """A row as aiohttp's route: a GET also answers HEAD, a write is refused before its
     handler runs unless it proves the token and carries JSON (_refused)."""
     if route.method == "GET":
@@ -67,14 +69,18 @@ def _registered(route: localapi.LocalRoute, handler: Handler) -> web.RouteDef:
     return web.route(route.method, route.path, write)
 
 
-def _query(request: web.Request, route: localapi.LocalRoute) -> dict[str, str]:
+def _query(request: web.Request, route: localapi.LocalRoute[Any]) -> dict[str, str]:
     """The row's query parameters (400 for any other); most calls carry none."""
     return single_query(request, route.query) if request.query_string else {}
 
 
 def _not_ready(reasons: list[Reason]) -> web.Response:
-    body = {"ready": False, "reasons": [r.as_json() for r in reasons]}
-    return web.json_response(body, status=503, headers=NO_STORE)
+    return json_answer(local.NotReadyAnswer(False, tuple(reasons)), 503)
+
+
+def _discovering() -> web.Response:
+    """The 503 of the job's routes before mDNS discovery assigned the ranks."""
+    return error_response(503, "the node list is not known yet (mDNS discovery)", "discovering")
 
 
 #: /env's constant headers per format (Content-Type spelled out: the body is ready bytes).
@@ -166,17 +172,13 @@ async def _livez(request: web.Request) -> web.Response:
 
 
 async def _status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[NODE].status(), headers=NO_STORE)
+    return json_answer(request.app[NODE].status())
 
 
 async def _mesh(request: web.Request) -> web.Response:
-    """The mesh (core/mesh.py): the master's view, which any other node asks the master for."""
-    node = request.app[NODE]
-    try:
-        view = await node.peer_api.mesh()
-    except MeshUnavailable as exc:
-        return error_response(exc.status, str(exc), "no_master")
-    return web.json_response(view, headers=NO_STORE)
+    """The mesh (core/mesh.py): the master's view, which any other node asks the master for
+    (MeshUnavailable: the middleware's 409 or 502)."""
+    return json_answer(await request.app[NODE].peer_api.mesh())
 
 
 async def _job(request: web.Request) -> web.Response:
@@ -184,7 +186,7 @@ async def _job(request: web.Request) -> web.Response:
     node = request.app[NODE]
     params = _query(request, localapi.JOB)
     if node.jobs is None:
-        return error_response(503, "the node list is not known yet (mDNS discovery)", "discovering")
+        return _discovering()
     wait_s = _wait_s(params)
     if isinstance(wait_s, web.Response):
         return wait_s
@@ -194,7 +196,7 @@ async def _job(request: web.Request) -> web.Response:
         except ValueError:
             return error_response(400, f"after={params['after']!r:.40} must be a version number")
         await node.jobs.wait(after, wait_s)
-    return web.json_response(node.job_status(), headers=NO_STORE)
+    return json_answer(node.job_status())
 
 
 def _refused(request: web.Request) -> web.Response | None:
@@ -212,7 +214,7 @@ def _refused(request: web.Request) -> web.Response | None:
     if request.content_type != "application/json":
         return error_response(415, f"POST {request.path} takes application/json", "bad_request")
     if node.jobs is None or node.progress is None:
-        return error_response(503, "the node list is not known yet (mDNS discovery)", "discovering")
+        return _discovering()
     return None
 
 
@@ -222,7 +224,7 @@ async def _job_report(request: web.Request) -> web.Response:
     assert node.jobs is not None  # _refused said so
     report = jobstates.parse_report(await request.read())
     await node.jobs.report(report, settle_s=min(node.settings.keepalive_s or 1.0, 5.0))
-    return web.json_response(node.job_status(), headers=NO_STORE)
+    return json_answer(node.job_status())
 
 
 async def _progress_report(request: web.Request) -> web.Response:

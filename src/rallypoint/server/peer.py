@@ -12,14 +12,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from rallypoint.auth import NONCE_HEADER
 from rallypoint.core.clock import ClockStamp
-from rallypoint.errors import MeshUnavailable
 from rallypoint.reasons import Reason
 from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.server.common import (
     NO_STORE,
     NODE,
     api_app,
-    error_response,
     json_line,
     log,
     single_query,
@@ -164,10 +162,7 @@ async def _mesh(request: web.Request) -> web.Response:
     """The master's mesh view (a relay asks its master), signed like every answer."""
     node = request.app[NODE]
     node.auth.verify(routes.MESH.context, b"", request.headers)
-    try:
-        view = await node.peer_api.mesh()
-    except MeshUnavailable as exc:
-        return error_response(exc.status, str(exc), "no_master")
+    view = await node.peer_api.mesh()  # MeshUnavailable: the middleware's 409 or 502
     return _signed(node, routes.MESH.answered_as, fields.dump(view))
 
 

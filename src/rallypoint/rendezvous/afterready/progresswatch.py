@@ -20,6 +20,7 @@ from rallypoint.core.progress import Mark, ProgressBook, Summary
 from rallypoint.model import ClusterSpec
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire.jobstates import ProgressReport
+from rallypoint.wire.local import ProgressView, ShownMark
 
 #: Most marks a node shows in its local view (the master's summary covers every node).
 MAX_SHOWN = 256
@@ -111,23 +112,22 @@ class ProgressWatch:
 
     # -- what the local API shows -------------------------------------------------------
 
-    def view(self, attempt: int) -> dict[str, object]:
+    def view(self, attempt: int) -> ProgressView:
         """GET /job's "progress": the summary of ``attempt``, the line on which node is
         behind, and the marks this node holds (the master: every node's)."""
         hosts, now = self.spec.hosts, self._now()
         summary = self.summary()
         if summary is not None and summary.attempt != attempt:
             summary = None
-        held = self.book.of(attempt)[:MAX_SHOWN]
-        return {
-            "attempt": attempt,
-            "marked": 0 if summary is None else summary.marked,
-            "oldest": []
-            if summary is None
-            else [marks.as_json(m, hosts, now) for m in summary.oldest],
-            "newest": None
-            if summary is None or summary.newest is None
-            else marks.as_json(summary.newest, hosts, now),
-            "behind": marks.behind(summary, hosts) or None,
-            "nodes": [marks.as_json(m, hosts, now) for m in held],
-        }
+        held = tuple(ShownMark.of(m, hosts, now) for m in self.book.of(attempt)[:MAX_SHOWN])
+        if summary is None:
+            return ProgressView(attempt, nodes=held)
+        newest = None if summary.newest is None else ShownMark.of(summary.newest, hosts, now)
+        return ProgressView(
+            attempt,
+            summary.marked,
+            tuple(ShownMark.of(m, hosts, now) for m in summary.oldest),
+            newest,
+            marks.behind(summary, hosts) or None,
+            held,
+        )
