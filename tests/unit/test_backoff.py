@@ -55,24 +55,25 @@ def test_a_seeded_rng_gives_the_same_delays() -> None:
 
 async def test_a_wake_event_ends_the_pause_and_restarts_the_schedule() -> None:
     wake = asyncio.Event()
-    backoff = Pause(3600.0, 8 * 3600.0, jitter="none", wake=wake)
-    assert _delays(backoff, 3)[-1] == 4 * 3600.0
+    schedule = Backoff(3600.0, 8 * 3600.0, jitter="none")
+    backoff = Pause(schedule, wake=wake)
+    assert _delays(schedule, 3)[-1] == 4 * 3600.0
     asyncio.get_running_loop().call_later(0.01, wake.set)
     async with asyncio.timeout(5):
         assert await backoff.sleep() is True
     assert not wake.is_set()
-    assert backoff.next_s() == 3600.0
+    assert schedule.next_s() == 3600.0
 
 
 async def test_a_wake_set_before_the_pause_skips_it() -> None:
     wake = asyncio.Event()
     wake.set()
     async with asyncio.timeout(5):
-        assert await Pause(3600.0, 3600.0, wake=wake).sleep() is True
+        assert await Pause(Backoff(3600.0, 3600.0), wake=wake).sleep() is True
     assert not wake.is_set()
 
 
 async def test_a_pause_without_a_wake_up_runs_its_course() -> None:
     wake = asyncio.Event()
-    assert await Pause(0.01, 0.01, jitter="none", wake=wake).sleep() is False
-    assert await Pause(0.01, 0.01, jitter="none").sleep() is False
+    assert await Pause(Backoff(0.01, 0.01, jitter="none"), wake=wake).sleep() is False
+    assert await Pause(Backoff(0.01, 0.01, jitter="none")).sleep() is False

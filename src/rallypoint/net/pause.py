@@ -4,41 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 
-from rallypoint.core.backoff import Backoff, Jitter
+from rallypoint.core.backoff import Backoff
 
 
-class Pause(Backoff):
-    """Backoff whose ``sleep`` waits on the loop; a set ``wake`` event ends the pause early."""
+class Pause:
+    """A pause on the loop for each of ``schedule``'s delays; a set ``wake`` event ends one
+    early."""
 
-    def __init__(
-        self,
-        initial_s: float,
-        max_s: float,
-        *,
-        jitter: Jitter = "full",
-        rng: random.Random | None = None,
-        wake: asyncio.Event | None = None,
-    ) -> None:
-        super().__init__(initial_s, max_s, jitter=jitter, rng=rng)
+    def __init__(self, schedule: Backoff, wake: asyncio.Event | None = None) -> None:
+        self.schedule = schedule
         self._wake = wake
+
+    def reset(self) -> None:
+        """Start the schedule again (after a success)."""
+        self.schedule.reset()
 
     async def sleep(self, cap_s: float | None = None) -> bool:
         """Pause for the next delay; True when the wake event ended it (then it is cleared).
 
         A wake-up (a poke, an mDNS announcement) means the reason to wait is gone, so the
-        schedule restarts from ``initial_s``.
+        schedule restarts from its first delay.
         """
         wake = self._wake
         if wake is None:
-            await asyncio.sleep(self.next_s(cap_s))
+            await asyncio.sleep(self.schedule.next_s(cap_s))
             return False
         if not wake.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self.next_s(cap_s))
+                await asyncio.wait_for(wake.wait(), self.schedule.next_s(cap_s))
         woke = wake.is_set()
         wake.clear()
         if woke:
-            self.reset()
+            self.schedule.reset()
         return woke

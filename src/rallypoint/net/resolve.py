@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import msgspec
 
 from rallypoint.core import names
+from rallypoint.core.backoff import Backoff
 from rallypoint.core.lifecycle import AsyncResource
 from rallypoint.core.names import Resolution, Verdict
 from rallypoint.net.pause import Pause
@@ -180,7 +181,7 @@ async def verify(
     attempts = 0
     # Full jitter (a uniform pause up to the ceiling) spreads thousands of nodes that
     # started together.
-    backoff = Pause(backoff_initial_s, backoff_max_s)
+    backoff = Pause(Backoff(backoff_initial_s, backoff_max_s))
     last: Resolution | None = None
     while (remaining := deadline - clock()) > 0:
         cut_short = remaining < timeout_s

@@ -19,6 +19,7 @@ from typing import Protocol
 import msgspec
 
 from rallypoint import wire
+from rallypoint.core.backoff import Backoff
 from rallypoint.core.clock import ClockFacts
 from rallypoint.core.links import LinkStat
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
@@ -150,7 +151,9 @@ class GenerationCheck:
     async def follow(self) -> wire.Verdict:
         """Report until the master's verdict says every node passed; that verdict."""
         # No wake-up event: a report retry waits out its pause.
-        backoff = Pause(self.settings.backoff_initial_s, self.settings.backoff_max_s, rng=self._rng)
+        backoff = Pause(
+            Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s, rng=self._rng)
+        )
         # Nothing to tell the master while the first checks run: it counts a node that has not
         # reported as still checking. The first report carries their outcome.
         while self.verdict is None and not self._failures() and not self.passed:

@@ -11,6 +11,7 @@ import msgspec
 
 from rallypoint import wire
 from rallypoint.core import names
+from rallypoint.core.backoff import Backoff
 from rallypoint.core.names import Resolution
 from rallypoint.errors import OverrideError, TFConfigError
 from rallypoint.model import ClusterDoc, Env, Member, OverrideSource
@@ -77,7 +78,7 @@ class NameCheck:
         the connection checks at once (connectivity.Connections.name_passed).
         """
         # A steady pause between half and all of RECHECK_S, so nodes do not judge in lockstep.
-        recheck = Pause(RECHECK_S, RECHECK_S, jitter="half", rng=self.ctx.rng)
+        recheck = Pause(Backoff(RECHECK_S, RECHECK_S, jitter="half", rng=self.ctx.rng))
         while True:
             connections.names_again()
             checked = await self.check(doc, report.peer_failed, connections.name_passed)

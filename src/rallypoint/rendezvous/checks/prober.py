@@ -18,6 +18,7 @@ import msgspec
 
 from rallypoint.auth import Authenticator
 from rallypoint.core import links
+from rallypoint.core.backoff import Backoff
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.net import datapath, probe
@@ -103,11 +104,11 @@ class Prober:
         failing = await self._round(targets, started)
         on_change(list(failing.values()))
         # Half jitter: a floor of half the ceiling keeps retries of a failing port spaced out.
+        settings = self.settings
         backoff = Pause(
-            self.settings.backoff_initial_s,
-            self.settings.backoff_max_s,
-            jitter="half",
-            rng=self._rng,
+            Backoff(
+                settings.backoff_initial_s, settings.backoff_max_s, jitter="half", rng=self._rng
+            )
         )
         while failing:
             await backoff.sleep()

@@ -16,6 +16,7 @@ from typing import Any
 
 from rallypoint import wire
 from rallypoint.core import fanout
+from rallypoint.core.backoff import Backoff
 from rallypoint.errors import JoinRejected
 from rallypoint.model import ClusterDoc, Member
 from rallypoint.net.pause import Pause
@@ -248,8 +249,9 @@ class Relay:
                         self._turned_away.add(member.rank)
 
     async def _send_reports(self) -> None:
+        settings = self.ctx.settings
         backoff = Pause(
-            self.ctx.settings.backoff_initial_s, self.ctx.settings.backoff_max_s, rng=self.ctx.rng
+            Backoff(settings.backoff_initial_s, settings.backoff_max_s, rng=self.ctx.rng)
         )
         while True:
             doc, verdict = self.doc, self.verdict

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from rallypoint import wire
 from rallypoint.core import fanout, names
+from rallypoint.core.backoff import Backoff
 from rallypoint.core.clock import skew_reason
 from rallypoint.errors import AuthError, JoinRejected, PeerDown, PeerMessageError
 from rallypoint.model import ClusterDoc, Member
@@ -96,10 +97,9 @@ class Worker:
             Reason("waiting_for_master", f"joining the master {master}", host=master)
         )
         # Full jitter, and a poke (the master came up, a new generation) ends the pause.
+        settings = self.ctx.settings
         backoff = Pause(
-            self.ctx.settings.backoff_initial_s,
-            self.ctx.settings.backoff_max_s,
-            rng=self.ctx.rng,
+            Backoff(settings.backoff_initial_s, settings.backoff_max_s, rng=self.ctx.rng),
             wake=self._poked,
         )
         epoch: str | None = None
