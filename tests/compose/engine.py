@@ -17,6 +17,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tests.support.commands import run
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKER_DIR = REPO / "docker"
 BUILD_SCRIPT = REPO / "scripts" / "build-images.sh"
@@ -57,31 +59,6 @@ def engine_answers(docker: str | None) -> bool:
         return False
 
 
-def run(
-    argv: Sequence[str],
-    *,
-    timeout_s: float,
-    check: bool = True,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run a command, capturing text output; raise with its output when check fails."""
-    done = subprocess.run(
-        list(argv),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
-    if check and done.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(argv)} exited {done.returncode}\n"
-            f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
-        )
-    return done
-
-
 def build_images() -> None:
     """Build (or refresh, cached) the rallypoint image with scripts/build-images.sh.
 
@@ -94,6 +71,7 @@ def build_images() -> None:
         run(
             ["bash", str(BUILD_SCRIPT)],
             timeout_s=BUILD_TIMEOUT_S,
+            check=True,
             env={**os.environ, "IMAGE": IMAGE},
         )
 
@@ -138,7 +116,7 @@ class ComposeSession:
 
     def container_id(self, service: str) -> str:
         """The container of a service (its only replica)."""
-        out = self._compose("ps", "-q", service, timeout_s=60).stdout.split()
+        out = self._compose("ps", "-q", service, timeout_s=60, check=True).stdout.split()
         if len(out) != 1:
             raise AssertionError(f"service {service} has containers {out}, expected one")
         return out[0]
@@ -146,26 +124,28 @@ class ComposeSession:
     def sidecar_status(self, service: str) -> dict[str, Any]:
         """The sidecar's /status, read inside its container with `rallypoint status --json`."""
         cid = self.container_id(service)
-        out = run([self.docker, "exec", cid, "rallypoint", "status", "--json"], timeout_s=60)
+        out = run(
+            [self.docker, "exec", cid, "rallypoint", "status", "--json"], timeout_s=60, check=True
+        )
         status = json.loads(out.stdout)
         assert isinstance(status, dict), out.stdout
         return status
 
     def container_logs(self, service: str) -> str:
         """One container's stdout and stderr so far."""
-        done = run([self.docker, "logs", self.container_id(service)], timeout_s=60)
+        done = run([self.docker, "logs", self.container_id(service)], timeout_s=60, check=True)
         return done.stdout + done.stderr
 
     def stop(self, services: Sequence[str], *, grace_s: int) -> None:
         """`docker stop` each service's container in turn: SIGTERM, SIGKILL after grace_s."""
         for service in services:
             cid = self.container_id(service)
-            run([self.docker, "stop", "-t", str(grace_s), cid], timeout_s=grace_s + 60)
+            run([self.docker, "stop", "-t", str(grace_s), cid], timeout_s=grace_s + 60, check=True)
 
     def kill(self, services: Sequence[str]) -> None:
         """`docker kill -s KILL` the services' containers at once: no signal to handle."""
         ids = [self.container_id(service) for service in services]
-        run([self.docker, "kill", "-s", "KILL", *ids], timeout_s=60)
+        run([self.docker, "kill", "-s", "KILL", *ids], timeout_s=60, check=True)
 
     def finished_at(self, service: str) -> float:
         """When the service's container exited, as seconds since the epoch."""
@@ -174,13 +154,13 @@ class ComposeSession:
     def wait_trainers(self, services: Sequence[str]) -> list[TrainerResult]:
         """Wait until every trainer exited; return their exit codes, logs and summaries."""
         ids = {service: self.container_id(service) for service in services}
-        run([self.docker, "wait", *ids.values()], timeout_s=TRAINER_TIMEOUT_S)
+        run([self.docker, "wait", *ids.values()], timeout_s=TRAINER_TIMEOUT_S, check=True)
         results = []
         for service, cid in ids.items():
             code = run(
-                [self.docker, "inspect", "-f", "{{.State.ExitCode}}", cid], timeout_s=60
+                [self.docker, "inspect", "-f", "{{.State.ExitCode}}", cid], timeout_s=60, check=True
             ).stdout.strip()
-            logs = run([self.docker, "logs", cid], timeout_s=60)
+            logs = run([self.docker, "logs", cid], timeout_s=60, check=True)
             text = logs.stdout + logs.stderr
             results.append(TrainerResult(service, int(code), text, parse_summary(text)))
         return results
@@ -214,11 +194,15 @@ class ComposeSession:
     def restarts(self, service: str) -> int:
         """How often Docker restarted the service's container (its restart policy)."""
         cid = self.container_id(service)
-        out = run([self.docker, "inspect", "-f", "{{.RestartCount}}", cid], timeout_s=60).stdout
+        out = run(
+            [self.docker, "inspect", "-f", "{{.RestartCount}}", cid], timeout_s=60, check=True
+        ).stdout
         return int(out.strip())
 
     def _state(self, cid: str) -> dict[str, Any]:
-        out = run([self.docker, "inspect", "-f", "{{json .State}}", cid], timeout_s=60).stdout
+        out = run(
+            [self.docker, "inspect", "-f", "{{json .State}}", cid], timeout_s=60, check=True
+        ).stdout
         state = json.loads(out)
         assert isinstance(state, dict)
         return state

@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.cluster.inprocess import Cluster, ready_cluster, until
-from tests.support.env import child_env
+from tests.support.commands import start_rallypoint
 
 TOKEN = "attempts-test-secret"
 #: A keep-alive every 0.3 s: a failure reaches every node within a moment.
@@ -33,12 +32,10 @@ async def run_everywhere(
     procs = {}
     for rank, script in scripts.items():
         port = c.local_url(rank, "").rsplit(":", 1)[1]
-        env = {**child_env(), **c.run_env(), "RP_NODE": str(rank)}
-        procs[rank] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rallypoint", "run", "--local-port", port,
-            "--timeout", "60", "--quiet", "--grace", "2", *run_args,
+        procs[rank] = await start_rallypoint(
+            "run", "--local-port", port, "--timeout", "60", "--quiet", "--grace", "2", *run_args,
             "--", "sh", "-c", SAY + script,
-            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**c.run_env(), "RP_NODE": str(rank)},
         )  # fmt: skip
     return procs
 
@@ -293,11 +290,9 @@ async def test_bad_flags_exit_2_at_once_naming_the_flag(
     args: list[str], env: dict[str, str], named: str
 ) -> None:
     # No sidecar listens on this port: a bad flag must be refused before any wait.
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rallypoint", "run", "--local-port", "9", "--timeout", "300",
-        *args, "--", "true",
-        env={**child_env(), **env}, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    proc = await start_rallypoint(
+        "run", "--local-port", "9", "--timeout", "300", *args, "--", "true", env=env
+    )
     async with asyncio.timeout(30.0):
         _, stderr = await proc.communicate()
     text = stderr.decode()
@@ -306,11 +301,9 @@ async def test_bad_flags_exit_2_at_once_naming_the_flag(
 
 
 async def test_a_run_that_never_started_its_child_exits_with_the_try_again_status() -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rallypoint", "run", "--local-port", "9", "--timeout", "1",
-        "--quiet", "--", "true",
-        env=child_env(), stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    proc = await start_rallypoint(
+        "run", "--local-port", "9", "--timeout", "1", "--quiet", "--", "true"
+    )
     async with asyncio.timeout(30.0):
         _, stderr = await proc.communicate()
     assert proc.returncode == 75, stderr

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 
 import aiohttp
 
 from rallypoint.wire import jobstates
 from tests.support.cluster.inprocess import Cluster, ready_cluster, until
-from tests.support.env import child_env
+from tests.support.commands import start_rallypoint
 
 TOKEN = "local-writes-test-secret"
 FAST = {"keepalive_s": 0.3}
@@ -25,11 +24,10 @@ FAST = {"keepalive_s": 0.3}
 async def start_run(
     c: Cluster, rank: int, script: str, env: dict[str, str]
 ) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rallypoint", "run", "--local-port",
-        c.local_url(rank, "").rsplit(":", 1)[1], "--timeout", "30", "--quiet", "--grace", "2",
-        "--", "sh", "-c", script,
-        env={**child_env(), **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    return await start_rallypoint(
+        "run", "--local-port", c.local_url(rank, "").rsplit(":", 1)[1],
+        "--timeout", "30", "--quiet", "--grace", "2", "--", "sh", "-c", script,
+        env=env,
     )  # fmt: skip
 
 

@@ -10,7 +10,6 @@ job's stall on namespace hosts is tests/multihost/test_stall.py's.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import aiohttp
 import msgspec
 
 from tests.support.cluster.inprocess import Cluster, ready_cluster, until
-from tests.support.env import child_env
+from tests.support.commands import start_rallypoint
 
 TOKEN = "progress-test-secret"
 #: A keep-alive every 0.2 s: a mark reaches the master within a moment.
@@ -103,10 +102,7 @@ async def test_the_shell_example_runs_to_its_end_and_every_nodes_last_step_is_sh
     0.1 s, never stalled; the master shows each node's last step, 12."""
     async with ready_cluster(2, token=TOKEN, per_node={r: dict(FAST) for r in range(2)}) as c:
         procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "rallypoint",
+            await start_rallypoint(
                 "run",
                 "--quiet",
                 "--timeout",
@@ -119,9 +115,7 @@ async def test_the_shell_example_runs_to_its_end_and_every_nodes_last_step_is_sh
                 "sh",
                 str(LOOP),
                 "12",
-                env={**child_env(), **c.run_env()},
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                env=c.run_env(),
             )
             for rank in range(2)
         ]

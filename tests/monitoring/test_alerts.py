@@ -8,7 +8,6 @@ else).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from typing import Any
@@ -19,6 +18,7 @@ from tests.monitoring import prom
 from tests.monitoring.conftest import KEEPALIVE_S, METRICS_PORT, TOKEN, MakeMonitored
 from tests.support.cluster.netio import Reply, http_get
 from tests.support.cluster.nodes import Node
+from tests.support.commands import run
 from tests.support.netns import wait_for
 
 pytestmark = pytest.mark.monitoring
@@ -65,10 +65,7 @@ def test_a_healthy_cluster_fires_nothing_and_warns_of_nothing(
     master = cluster["main1"]
     body = scrape(master, "/metrics", prometheus)
     assert body.status == 200 and b"rallypoint_ready 1.0" in body.body
-    checked = subprocess.run(
-        [promtool, "check", "metrics"], input=body.text, capture_output=True, text=True,
-        timeout=30, check=False,
-    )  # fmt: skip
+    checked = run([promtool, "check", "metrics"], input=body.text, timeout_s=30, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     env = master.env()
     assert env is not None

@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from rallypoint.metrics import JOB_FAILURE_CAUSES, Metrics
+from rallypoint.core.jobs import CAUSES
+from rallypoint.metrics import Metrics
 from tests.monitoring.prom import RULE_TESTS, RULES
+from tests.support.commands import run
 
 pytestmark = pytest.mark.monitoring
-
-
-def promtool_run(
-    promtool: str, *args: str, stdin: bytes | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [promtool, *args], input=None if stdin is None else stdin.decode(),
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
 
 
 def alert_rules() -> list[dict[str, object]]:
@@ -32,13 +24,13 @@ def alert_rules() -> list[dict[str, object]]:
 
 
 def test_the_rules_pass_promtool_check(promtool: str) -> None:
-    checked = promtool_run(promtool, "check", "rules", str(RULES))
+    checked = run([promtool, "check", "rules", str(RULES)], timeout_s=60, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"SUCCESS: {len(alert_rules())} rules found" in checked.stdout
 
 
 def test_the_rules_pass_their_unit_tests(promtool: str) -> None:
-    tested = promtool_run(promtool, "test", "rules", str(RULE_TESTS))
+    tested = run([promtool, "test", "rules", str(RULE_TESTS)], timeout_s=60, check=False)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "SUCCESS" in tested.stdout
 
@@ -49,7 +41,9 @@ def test_the_unit_tests_catch_a_changed_rule(promtool: str, tmp_path: Path) -> N
     assert text.count("for: 30s") == 1
     (tmp_path / RULES.name).write_text(text.replace("for: 30s", "for: 5m"))
     shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
-    tested = promtool_run(promtool, "test", "rules", str(tmp_path / RULE_TESTS.name))
+    tested = run(
+        [promtool, "test", "rules", str(tmp_path / RULE_TESTS.name)], timeout_s=60, check=False
+    )
     assert tested.returncode != 0
     assert "RallypointPeerDown" in tested.stdout + tested.stderr
 
@@ -85,7 +79,9 @@ def _populated() -> Metrics:
 
 def test_the_exposition_passes_promtool_check_metrics(promtool: str) -> None:
     exposition = _populated().render()
-    checked = promtool_run(promtool, "check", "metrics", stdin=exposition)
+    checked = run(
+        [promtool, "check", "metrics"], input=exposition.decode(), timeout_s=60, check=False
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout + checked.stderr == ""
 
@@ -96,7 +92,7 @@ def test_every_metric_the_rules_read_is_exposed() -> None:
     for rule in alert_rules():
         for name in re.findall(r"rallypoint_\w+", str(rule["expr"])):
             assert name in exposed, f"{rule['alert']} reads {name}, which no sidecar exposes"
-    for cause in JOB_FAILURE_CAUSES:  # at 0 from the start, so that increase() sees the first
+    for cause in CAUSES:  # at 0 from the start, so that increase() sees the first
         assert (
             f'rallypoint_job_failures_total{{cause="{cause}"}} 0.0' in Metrics().render().decode()
         )

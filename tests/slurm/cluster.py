@@ -32,7 +32,7 @@ from pathlib import Path
 from tests.slurm.conf import write_config
 from tests.slurm.jobs import BatchJobs
 from tests.slurm.runs import OWNERS_DIR, RUNS, run_tag
-from tests.support import netns
+from tests.support import commands, netns
 from tests.support.netns import sh, wait_for
 
 SUBNET = "10.214.0"
@@ -246,20 +246,14 @@ class SlurmCluster(BatchJobs):
         timeout_s: float = 30.0,
     ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command on the controller (the login node)."""
-        done = subprocess.run(
+        return commands.run(
             self.command(CONTROLLER, argv),
-            capture_output=True,
-            text=True,
             env=self.environ(env),
             cwd=cwd,
-            timeout=timeout_s,
-            check=False,
-            start_new_session=True,
+            timeout_s=timeout_s,
+            check=check,
+            new_session=True,
         )
-        if check and done.returncode != 0:
-            said = (done.stderr or done.stdout).strip()
-            raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {said}")
-        return done
 
     # --- logs, teardown ---------------------------------------------------------------------
 

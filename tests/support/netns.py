@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from tests.support import commands
+
 NETNS_DIR = Path("/run/netns")
 ETC_NETNS = Path("/etc/netns")
 IFNAME = "eth0"
@@ -45,20 +47,8 @@ def sh(
     timeout: float = 30.0,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a short administrative command; raise with its stderr when check fails."""
-    done = subprocess.run(
-        list(argv),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=None if env is None else dict(env),
-    )
-    if check and done.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(argv)} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}"
-        )
-    return done
+    """Run a short administrative command; raise with what it said when check fails."""
+    return commands.run(argv, timeout_s=timeout, check=check, env=env)
 
 
 def prerequisites(probe: str, tools: Sequence[str] = (), *, root_for: str = "") -> str | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
-import sys
+
+from tests.support.commands import python
 
 TCPSTORE_SCRIPT = """
 import sys
@@ -27,10 +28,4 @@ def torch_available() -> bool:
 
 def run_tcpstore(port: int, use_libuv: bool) -> subprocess.CompletedProcess[str]:
     """Serve a TCPStore on ``port`` and read a key back; it prints ``ok`` when that worked."""
-    return subprocess.run(
-        [sys.executable, "-c", TCPSTORE_SCRIPT, str(port), "1" if use_libuv else "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return python("-c", TCPSTORE_SCRIPT, str(port), "1" if use_libuv else "0", timeout_s=120)

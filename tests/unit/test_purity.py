@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 
 import pytest
 
+from tests.support.commands import python
 from tests.support.layers import (
     IO_PACKAGES,
     PURE_MDNS,
@@ -49,12 +48,7 @@ print(json.dumps({
 
 
 def _probe(names: list[str]) -> dict[str, list[str]]:
-    out = subprocess.run(
-        [sys.executable, "-I", "-c", PROBE, json.dumps(names), json.dumps(FORBIDDEN)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = python("-I", "-c", PROBE, json.dumps(names), json.dumps(FORBIDDEN), check=True).stdout
     result: dict[str, list[str]] = json.loads(out)
     return result
 

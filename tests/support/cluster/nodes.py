@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tests.support import commands
 from tests.support.cluster.faults import LinkFaults
 from tests.support.cluster.layout import LOCAL_PORT
 from tests.support.cluster.netio import Reply, http_get, netns_socket, tcp_connect
@@ -145,15 +146,12 @@ class Node(LinkFaults):
         clock_offset_s: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run argv to completion in this namespace and capture its output."""
-        full_env = self.environ(env)
-        return subprocess.run(
+        return commands.run(
             self.command(argv, clock_offset_s=clock_offset_s),
-            capture_output=True,
-            text=True,
-            env=full_env,
-            timeout=timeout_s,
+            env=self.environ(env),
+            timeout_s=timeout_s,
             check=check,
-            start_new_session=True,
+            new_session=True,
         )
 
     def start_sidecar(
