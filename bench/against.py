@@ -1,14 +1,16 @@
 """One benchmark on two checkouts, alternating run by run: this one and --against CHECKOUT.
 
-    git worktree add /tmp/before COMMIT
-    python bench/against.py --against /tmp/before --rounds 2 -- scale.py --sizes 4096 --runs 3
+    git worktree add ../before COMMIT
+    python -m bench.against --against ../before --rounds 2 -- scale --sizes 4096 --runs 3
 
-Each round runs ``bench/SCRIPT`` of both checkouts, each with its own code (bench/common.py
-puts a checkout's own src/ first), in the order this, against, then against, this on the next
-round, so that a drift of the machine's load falls on both alike. Every run's summary (the
-file the benchmark reports it wrote) is collected into bench/results/against-SCRIPT.json
-(``--out NAME``: NAME.json); this checkout's own results are left as they were (a run with
-other flags would overwrite the figures docs/ cite).
+Each round runs the benchmark of both checkouts, each with its own code: this checkout's
+with the interpreter's install of it, the other's as ``python -m bench.SCRIPT`` from that
+checkout with its src/ first on PYTHONPATH (a checkout whose bench/ is not a package yet
+runs ``bench/SCRIPT.py`` by its path). The order is this, against, then against, this on
+the next round, so that a drift of the machine's load falls on both alike. Every run's
+summary (the file the benchmark reports it wrote) is collected into
+bench/results/against-SCRIPT.json (``--out NAME``: NAME.json); this checkout's own results
+are left as they were (a run with other flags would overwrite the figures docs/ cite).
 """
 
 from __future__ import annotations
@@ -20,20 +22,30 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import common
+from bench import common
 
 WROTE = re.compile(r"^wrote (\S+\.json)$", re.MULTILINE)
 
 
+def command(checkout: Path, script: str) -> list[str]:
+    """The interpreter running one checkout's benchmark ``script`` (``scale`` or ``scale.py``)."""
+    name = Path(script).stem
+    if (checkout / "bench" / "__init__.py").exists():
+        return [sys.executable, "-m", f"bench.{name}"]
+    return [sys.executable, str(checkout / "bench" / f"{name}.py")]
+
+
 def run_once(checkout: Path, script: str, argv: list[str]) -> dict[str, Any]:
-    """Run one checkout's bench script; the summary it wrote, its own file restored."""
+    """Run one checkout's benchmark; the summary it wrote, its own file restored."""
     written = {path.resolve(): path.read_bytes() for path in common.RESULTS_DIR.glob("*.json")}
+    own = checkout == common.REPO
     out = subprocess.run(
-        [sys.executable, str(checkout / "bench" / script), *argv, "--no-plot"],
+        [*command(checkout, script), *argv, "--no-plot"],
         stdout=subprocess.PIPE,
         text=True,
         check=True,
-        env=common.quiet_environ({"PYTHONPATH": str(checkout / "src")}),
+        cwd=checkout,
+        env=common.quiet_environ(None if own else {"PYTHONPATH": str(checkout / "src")}),
     )
     sys.stdout.write(out.stdout)
     found = WROTE.findall(out.stdout)
@@ -54,7 +66,7 @@ def run_once(checkout: Path, script: str, argv: list[str]) -> dict[str, Any]:
 def main() -> None:
     p = common.ab_parser(__doc__, rounds=2)
     p.add_argument("--out", help="the summary's name (default: against-SCRIPT)")
-    p.add_argument("script", help="the benchmark, e.g. scale.py")
+    p.add_argument("script", help="the benchmark, e.g. scale")
     p.add_argument("args", nargs="*", help="its flags (after --)")
     args = p.parse_args()
     if args.against is None:
@@ -74,7 +86,7 @@ def main() -> None:
     common.write_summary(
         name,
         {
-            "command": f"python bench/against.py --against CHECKOUT --rounds {args.rounds}{out} -- "
+            "command": f"python -m bench.against --against CHECKOUT --rounds {args.rounds}{out} -- "
             + " ".join([args.script, *args.args]),
             "checkouts": names,
             "runs": runs,

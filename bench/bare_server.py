@@ -1,6 +1,6 @@
 """A bare aiohttp server answering GET /env with a fixed JSON body: the throughput reference.
 
-Usage: python bench/bare_server.py PORT BODY_FILE
+Usage: python -m bench.bare_server PORT BODY_FILE
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ sagemaker: resolve every host in turn, retrying each with exponential backoff fr
 Prints "started <t>" and "done <t>" with t = time.monotonic(), a clock every namespace of
 the host shares, so the benchmark can compare it with its own timestamps.
 
-    python bench/baseline_wait.py kubeflow MASTER
-    python bench/baseline_wait.py sagemaker HOST [HOST ...]
+    python -m bench.baseline_wait kubeflow MASTER
+    python -m bench.baseline_wait sagemaker HOST [HOST ...]
 """
 
 from __future__ import annotations

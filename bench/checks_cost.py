@@ -5,9 +5,9 @@ N = 8 and 16; every run measures rallypoint with its default checks (names, conn
 the master's cluster-wide verdict) and then with ``--no-probe`` (names only, the verdict
 still collected), interleaved so that both see the same machine load.
 
-    python bench/checks_cost.py                  # N = 8 16, 10 runs each
-    python bench/checks_cost.py --quick          # N = 8, 2 runs
-    python bench/checks_cost.py --against /tmp/main --variant main=checks
+    python -m bench.checks_cost                  # N = 8 16, 10 runs each
+    python -m bench.checks_cost --quick          # N = 8, 2 runs
+    python -m bench.checks_cost --against ../main --variant main=checks
                                                  # A/B: another checkout's code interleaved
 
 Once every node is ready, each run also reads every node's
@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import re
 import statistics
-import sys
 from pathlib import Path
 
-import common
-from time_to_ready import each_cluster, one_run
-
-sys.path.insert(0, str(common.REPO))
+from bench import common
+from bench.time_to_ready import each_cluster, one_run
 from tests.support.cluster.build import Cluster
 from tests.support.cluster.nodes import Node
 
@@ -165,7 +162,7 @@ def main() -> None:
     if args.out == "checks_cost":
         common.write_run_summary("checks_cost", args, options, data)
     else:
-        command = f"python bench/checks_cost.py {options} --out {args.out}"
+        command = f"python -m bench.checks_cost {options} --out {args.out}"
         common.write_summary(args.out, {"command": command, **data})
 
 

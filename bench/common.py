@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import math
 import os
@@ -26,14 +27,6 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-
-# Every process a benchmark starts runs this checkout's code, whatever the interpreter has
-# installed (an editable install points at one checkout only, a wheel at none): without this,
-# a run from a second checkout would measure the first one's sidecar under its own name. An
-# A/B variant that runs another checkout (--against) sets its own PYTHONPATH over this one.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(REPO / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-)
 RESULTS_DIR = BENCH_DIR / "results"
 IMG_DIR = REPO / "docs" / "img"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -199,9 +192,33 @@ def wait_status(
 # --- arguments and output ---------------------------------------------------------------------
 
 
+def own_code() -> str | None:
+    """Why ``rallypoint`` would not be this checkout's src/ here, or None when it is.
+
+    A benchmark and every process it starts import the interpreter's ``rallypoint``: an
+    editable install of this checkout (``pip install -e .``), or another checkout's src/
+    first on PYTHONPATH when an A/B runs that checkout's benchmark (against.py). Any other
+    install would be measured under this checkout's name.
+    """
+    spec = importlib.util.find_spec("rallypoint")
+    if spec is None or spec.origin is None:
+        return "rallypoint is not installed"
+    origin = Path(spec.origin).resolve()
+    if origin.is_relative_to((REPO / "src").resolve()):
+        return None
+    return f"rallypoint is imported from {origin.parent}, not from this checkout's src/"
+
+
 def parser(doc: str | None) -> argparse.ArgumentParser:
-    """An ArgumentParser with the flags every benchmark has: --quick and --no-plot."""
-    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    """An ArgumentParser with the flags every benchmark has: --quick and --no-plot.
+
+    It stops the benchmark at once when ``rallypoint`` is not this checkout's (`own_code`).
+    """
+    why = own_code()
+    if why is not None:
+        raise SystemExit(f"{why}: pip install -e '.[bench]' in this checkout")
+    prog = f"python -m bench.{Path(sys.argv[0]).stem}"
+    p = argparse.ArgumentParser(prog=prog, description=(doc or "").splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke run: few, short rounds")
     p.add_argument("--no-plot", action="store_true", help="skip the matplotlib figure")
     return p
@@ -307,5 +324,5 @@ def write_run_summary(
 
     ``options`` are the flags a full run was given (ignored with --quick).
     """
-    command = f"python bench/{name}.py " + ("--quick" if args.quick else options)
+    command = f"python -m bench.{name} " + ("--quick" if args.quick else options)
     return write_summary(f"{name}-quick" if args.quick else name, {"command": command, **data})

@@ -19,7 +19,7 @@ are left out.
 With bench/results/datapath_cost.json present (checks_cost.py), the bytes its runs read
 from every node's ``rallypoint_probe_bytes_total`` at N = 8 and 16 sit beside the model's.
 
-    python bench/datapath_model.py
+    python -m bench.datapath_model
 """
 
 from __future__ import annotations
@@ -27,11 +27,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 
-import common
-
-sys.path.insert(0, str(common.REPO / "src"))
+from bench import common
 from rallypoint.core import links, names
 from rallypoint.net import datapath
 from rallypoint.rendezvous.checks import prober
@@ -176,7 +173,7 @@ def main() -> None:
     common.write_summary(
         "datapath_model",
         {
-            "command": "python bench/datapath_model.py",
+            "command": "python -m bench.datapath_model",
             "assumptions": {
                 "path_bytes": datapath.PATH_BYTES,
                 "throughput_bytes": Settings().throughput_bytes,

@@ -5,9 +5,9 @@ Start-up is measured from just before the process is spawned to the first 200 on
 bench/bare_server.py as the floor that Python + aiohttp alone cost. mDNS is off: with it the
 sidecar would multicast on this host's interfaces.
 
-    python bench/footprint.py            # 20 starts, 100k requests
-    python bench/footprint.py --quick    # 5 starts, 20k requests
-    python bench/footprint.py --starts-only --against /tmp/old   # A/B: another checkout too
+    python -m bench.footprint            # 20 starts, 100k requests
+    python -m bench.footprint --quick    # 5 starts, 20k requests
+    python -m bench.footprint --starts-only --against ../old  # A/B: another checkout too
 
 Every start reads byte code, as an installed wheel does: rallypoint's sources (and those of
 --against) are byte-compiled first, because with PYTHONDONTWRITEBYTECODE=1 an editable
@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-import common
-from local_api import wrk
+from bench import common
+from bench.local_api import wrk
 
 IMAGES = ("rallypoint:local", "rallypoint:0.1.0")
 #: With --mdns ROLE: a node of a two-host list, as most clusters start.
@@ -198,7 +198,7 @@ def main() -> None:
     common.write_summary(
         "footprint",
         {
-            "command": "python bench/footprint.py" + (" --quick" if args.quick else ""),
+            "command": "python -m bench.footprint" + (" --quick" if args.quick else ""),
             "start_to_livez_ms": start,
             "bare_aiohttp_start_ms": bare,
             "rss_idle_mb": round(rss_idle, 1),
@@ -257,7 +257,7 @@ def report_starts(
     )
     for name, t in targets.items():
         print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict'].upper()}")
-    command = f"python bench/footprint.py --starts-only --starts {starts}" + (
+    command = f"python -m bench.footprint --starts-only --starts {starts}" + (
         f" --mdns {mdns}" if mdns else ""
     )
     common.write_summary(

@@ -4,14 +4,13 @@ Every simulated worker opens its own connection and POSTs a signed /v1/join at o
 (bench/simpeers.py --no-poll); join latency runs from the connect attempt to the answer.
 Needs root (network namespaces).
 
-    python bench/herd.py                # 2000 workers, 3 runs
-    python bench/herd.py --quick        # 500 workers, 1 run
+    python -m bench.herd                # 2000 workers, 3 runs
+    python -m bench.herd --quick        # 500 workers, 1 run
 """
 
 from __future__ import annotations
 
-import common
-import simcluster
+from bench import common, simcluster
 
 
 def main() -> None:
@@ -58,7 +57,7 @@ def main() -> None:
     print(f"\nall runs: {stats}; failures {failures} {errors}")
     for name, t in targets.items():
         print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict']}")
-    command = "python bench/herd.py" + (" --quick" if args.quick else "")
+    command = "python -m bench.herd" + (" --quick" if args.quick else "")
     common.write_summary(
         "herd" if not args.quick else "herd-quick",
         {

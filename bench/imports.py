@@ -7,10 +7,10 @@ another one's src/ first on PYTHONPATH), `import rallypoint.cli, rallypoint.side
 interpreter imports aiohttp.web and then the sidecar: of the round where what came after
 aiohttp.web took least, the modules with the most import time of their own are listed.
 
-    python bench/imports.py --against /tmp/old    # 7 rounds
-    python bench/imports.py --mdns                # with what mDNS imports (the default)
-    python bench/imports.py --threaded            # aiohttp.web on a thread meanwhile
-    python bench/imports.py --per-module          # what one module more costs to import
+    python -m bench.imports --against ../old      # 7 rounds
+    python -m bench.imports --mdns                # with what mDNS imports (the default)
+    python -m bench.imports --threaded            # aiohttp.web on a thread meanwhile
+    python -m bench.imports --per-module          # what one module more costs to import
 
 --per-module measures what merging modules could save: a generated package of as many small
 modules as `serve` imports of its own, against one module holding the same code.
@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import common
+from bench import common
 
 SIDE = "import rallypoint.cli, rallypoint.sidecar"
 MDNS = ", rallypoint.mdns.announce, rallypoint.mdns.loop"
@@ -200,7 +200,7 @@ def main() -> None:
         common.write_summary(
             f"imports-{mode}" + ("-quick" if args.quick else ""),
             {
-                "command": f"python bench/imports.py --{mode} {options}",
+                "command": f"python -m bench.imports --{mode} {options}",
                 "rounds": 3 * rounds,
                 "load_avg_1m": [round(x, 1) for x in load],
                 **report,
@@ -251,7 +251,7 @@ def main() -> None:
     common.write_summary(
         name + ("-quick" if args.quick else ""),
         {
-            "command": f"python bench/imports.py {options}",
+            "command": f"python -m bench.imports {options}",
             "rounds": rounds,
             "load_avg_1m": [round(x, 1) for x in load],
             **report,

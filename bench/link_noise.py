@@ -12,20 +12,17 @@ the worst clean run stays from them.
 All sidecars share this machine's cores, so the legs here are bound by CPU (the sidecars'
 and the kernel's copying), not by a link: the spread is the CPU's noise.
 
-    python bench/link_noise.py                      # N = 3 (20 runs) and N = 8 (10 runs)
-    python bench/link_noise.py --quick              # N = 3, 2 runs
+    python -m bench.link_noise                      # N = 3 (20 runs) and N = 8 (10 runs)
+    python -m bench.link_noise --quick              # N = 3, 2 runs
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 from typing import Any
 
-import common
-from time_to_ready import each_cluster
-
-sys.path.insert(0, str(common.REPO / "src"))
+from bench import common
+from bench.time_to_ready import each_cluster
 from rallypoint.core import links
 
 

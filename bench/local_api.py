@@ -5,8 +5,8 @@ generator does not steal the server's core. Each round measures every connection
 both servers back to back (the order alternates between rounds); the ratio is taken per
 round, then the median over rounds is reported.
 
-    python bench/local_api.py            # 3 rounds x 5 s per point
-    python bench/local_api.py --quick    # 1 round x 2 s
+    python -m bench.local_api            # 3 rounds x 5 s per point
+    python -m bench.local_api --quick    # 1 round x 2 s
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 
-import common
+from bench import common
 
 CONNECTIONS = (1, 16, 64)
 LUA = common.BENCH_DIR / "wrk_report.lua"
@@ -133,7 +133,7 @@ def main() -> None:
     common.write_summary(
         "local_api",
         {
-            "command": "python bench/local_api.py" + (" --quick" if args.quick else ""),
+            "command": "python -m bench.local_api" + (" --quick" if args.quick else ""),
             "rounds": args.rounds,
             "duration_s": args.duration,
             "body_bytes": len(body),

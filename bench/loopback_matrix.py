@@ -7,7 +7,7 @@ other nodes map that name to its real address: Debian's ``127.0.1.1 <hostname>``
 and with or without ``GLOO_SOCKET_IFNAME`` set to the namespace's veth on every node, one
 3-node all-reduce is run and recorded as completed or failed with its first error line.
 
-    sudo python bench/loopback_matrix.py [--timeout 40] [--launchers gloo static c10d]
+    sudo python -m bench.loopback_matrix [--timeout 40] [--launchers gloo static c10d]
         [--patterns ...] [--subnets 10.213.0 192.168.213]
 
 Needs root. Runs one job at a time; a job stops as soon as one process fails.
@@ -22,9 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import common
-
-sys.path.insert(0, str(common.REPO))
+from bench import common
 from tests.support.cluster.build import Cluster
 from tests.support.cluster.runs import prerequisites, sweep_stale
 from tests.support.netns import IFNAME
@@ -257,7 +255,7 @@ def main() -> None:
         "loopback_matrix",
         {
             "torch": torch.__version__,
-            "command": f"python bench/loopback_matrix.py {argv}".strip(),
+            "command": f"python -m bench.loopback_matrix {argv}".strip(),
             "timeout_s": args.timeout,
             "hosts": list(HOSTS),
             "master": MASTER,

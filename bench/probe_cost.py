@@ -5,20 +5,17 @@ probes every peer's probe port and TF port, workers the master port too), each a
 by the peer's window. This measures what one costs: the prober's connect, challenge and
 check, and the listener's accept, HMAC answer and close, in batches of 50 at once.
 
-    python bench/probe_cost.py               # 10 rounds of 20 batches
-    python bench/probe_cost.py --quick
-    python bench/probe_cost.py --loops       # asyncio's loop and uvloop (pip install uvloop)
+    python -m bench.probe_cost               # 10 rounds of 20 batches
+    python -m bench.probe_cost --quick
+    python -m bench.probe_cost --loops       # asyncio's loop and uvloop (pip install uvloop)
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 
-import common
-
-sys.path.insert(0, str(common.REPO / "src"))
+from bench import common
 from rallypoint.auth import Authenticator
 from rallypoint.metrics import Metrics
 from rallypoint.net import ports, probe
@@ -88,7 +85,7 @@ def main() -> None:
     count, batches = (3, 4) if args.quick else (args.rounds, 20)
     if args.loops:
         name = "probe_cost-loops" + ("-quick" if args.quick else "")
-        command = "python bench/probe_cost.py --loops" + (" --quick" if args.quick else "")
+        command = "python -m bench.probe_cost --loops" + (" --quick" if args.quick else "")
         common.write_summary(name, {"command": command, **loops(count, batches)})
         return
     samples = asyncio.run(rounds(count, batches))
@@ -103,7 +100,7 @@ def main() -> None:
     common.write_summary(
         "probe_cost" if not args.quick else "probe_cost-quick",
         {
-            "command": "python bench/probe_cost.py" + (" --quick" if args.quick else ""),
+            "command": "python -m bench.probe_cost" + (" --quick" if args.quick else ""),
             "cpu_per_probe_ms": figure,
         },
     )

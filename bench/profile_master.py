@@ -1,7 +1,7 @@
 """Profile the master sidecar under N simulated workers with py-spy; print the hot spots.
 
-python bench/profile_master.py --workers 2048     # writes bench/results/profile-master-N.txt
-python bench/profile_master.py --workers 2000 --joins-only   # the herd: profile-joins-N.txt
+python -m bench.profile_master --workers 2048     # writes bench/results/profile-master-N.txt
+python -m bench.profile_master --workers 2000 --joins-only   # the herd: profile-joins-N.txt
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import common
-import simcluster
+from bench import common, simcluster
 
 
 def top(

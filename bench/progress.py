@@ -10,8 +10,8 @@ the median and the 99th percentile per mark in microseconds:
 * utime: ``os.utime(path)`` on a file that exists (a touch);
 * read: what `run` does every 0.25 s on its side (open without following, fstat, read).
 
-    python bench/progress.py                 # 20,000 marks of each kind
-    python bench/progress.py --marks 100000
+    python -m bench.progress                 # 20,000 marks of each kind
+    python -m bench.progress --marks 100000
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ computes for --compute seconds, all-reduces --mib MiB, writes its step) on every
   place. From the FAIL line to each node's LAUNCH line of torchrun's restart 1, and
   whether every node's torchrun ended 0 (what it does is reported, finished or not).
 
-    python bench/restart.py                   # N = 4 and 8, 3 runs each
-    python bench/restart.py --sizes 4 --runs 5
-    python bench/restart.py --quick           # N = 4, 1 run each
+    python -m bench.restart                   # N = 4 and 8, 3 runs each
+    python -m bench.restart --sizes 4 --runs 5
+    python -m bench.restart --quick           # N = 4, 1 run each
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ import sys
 import time
 from typing import Any
 
-import common
-from stop import fresh, lines, vanish
-from time_to_ready import each_cluster
-
-sys.path.insert(0, str(common.REPO))
+from bench import common
+from bench.stop import fresh, lines, vanish
+from bench.time_to_ready import each_cluster
 from tests.support import steps
 from tests.support.cluster.build import Cluster
 from tests.support.cluster.procs import Proc

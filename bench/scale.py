@@ -14,10 +14,10 @@ does, and one group is served by a real relay sidecar in its own namespace, so a
 relay's hop is on the measured path), and ``direct`` (``--relay-group 0``: every simulated
 worker joins the master itself).
 
-    python bench/scale.py                    # N = 64, 512, 1024, 4096, 3 runs each
-    python bench/scale.py --sizes 16384 --runs 1   # stretch
-    python bench/scale.py --quick            # N = 64, 512, one run each
-    python bench/scale.py --procs 2          # the simulator as 2 processes (both on CPU 1)
+    python -m bench.scale                    # N = 64, 512, 1024, 4096, 3 runs each
+    python -m bench.scale --sizes 16384 --runs 1   # stretch
+    python -m bench.scale --quick            # N = 64, 512, one run each
+    python -m bench.scale --procs 2          # the simulator as 2 processes (both on CPU 1)
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import os
 import statistics
 from typing import Any
 
-import common
-import simcluster
+from bench import common, simcluster
 
 SIZES = (64, 512, 1024, 4096)
 
@@ -84,7 +83,7 @@ def main() -> None:
         }
     for name, t in targets.items():
         print(f"target {name}: {t['value']} (want {t['target']}): {t['verdict'].upper()}")
-    command = "python bench/scale.py" + (
+    command = "python -m bench.scale" + (
         " --quick"
         if args.quick
         else f" --sizes {' '.join(map(str, args.sizes))} --runs {args.runs}"

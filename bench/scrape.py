@@ -12,23 +12,19 @@ as measured on the real ones (the simulated nodes export nothing). Measured twic
 named the simulated nodes down (they answer no keep-alive): the worst case on the master
 and the relay, every peer down.
 
-    python bench/scrape.py                      # N = 64, 1024, 4096
-    python bench/scrape.py --sizes 64 --scrapes 5
+    python -m bench.scrape                      # N = 64, 1024, 4096
+    python -m bench.scrape --sizes 64 --scrapes 5
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections import Counter
 from typing import Any
 
-import common
-import simcluster
+from bench import common, simcluster
 from rallypoint.core import fanout
-
-sys.path.insert(0, str(common.REPO))
 from tests.support.cluster.nodes import Node
 
 SIZES = (64, 1024, 4096)
@@ -111,7 +107,7 @@ def main() -> None:
         totals.append(cluster_wide(n + 1, r.relay_group, r.after["ready"]))
         print(f"N={n:5d} cluster-wide, healthy: {totals[-1]}")
     command = (
-        f"python bench/scrape.py --sizes {' '.join(map(str, args.sizes))} --scrapes {args.scrapes}"
+        f"python -m bench.scrape --sizes {' '.join(map(str, args.sizes))} --scrapes {args.scrapes}"
     )
     common.write_summary("scrape", {"command": command, "table": table, "cluster": totals})
 

@@ -28,16 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import common
-
-sys.path.insert(0, str(common.REPO))
+from bench import common
+from rallypoint.core import fanout
 from tests.support.cluster import runs
 from tests.support.cluster.build import Cluster
 from tests.support.cluster.layout import PEER_PORT
 from tests.support.cluster.nodes import Node
 from tests.support.netns import wait_for
-
-from rallypoint.core import fanout
 
 TOKEN = "bench-session-secret"
 MASTER_ARGS = (

@@ -18,7 +18,7 @@ instant (--start-at, a time.monotonic() value, shared by every namespace of the 
 Prints one JSON line: start time, join latencies, seconds until each worker held the
 document and the verified verdict, the digests of the documents seen, failures, own CPU.
 
-    python bench/simpeers.py --master 10.213.0.10:7781 --session S --count 4096 \
+    python -m bench.simpeers --master 10.213.0.10:7781 --session S --count 4096 \
         --address 10.213.0.11 [--first 1] [--start-at T] [--token T] [--no-poll] [--no-report]
 """
 

@@ -14,23 +14,20 @@ progressing):
 
 The target: every node's job stopped within S + 2 s of the hang.
 
-    python bench/stall.py                      # N = 4 and 8, S = 10 and 30, 3 runs each
-    python bench/stall.py --sizes 4 --stalls 10 --runs 5
-    python bench/stall.py --quick              # N = 4, S = 10, 1 run
+    python -m bench.stall                      # N = 4 and 8, S = 10 and 30, 3 runs each
+    python -m bench.stall --sizes 4 --stalls 10 --runs 5
+    python -m bench.stall --quick              # N = 4, S = 10, 1 run
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import time
 from typing import Any
 
-import common
-from stop import fresh, lines, start_jobs, wait_steps
-from time_to_ready import each_cluster
-
-sys.path.insert(0, str(common.REPO))
+from bench import common
+from bench.stop import fresh, lines, start_jobs, wait_steps
+from bench.time_to_ready import each_cluster
 from tests.support.cluster.build import Cluster
 
 #: Gloo's default collective timeout (torch.distributed): what a blocked job waits out.

@@ -18,9 +18,9 @@ says so (``ended_by_peer_error`` counts them).
 * baseline: the same vanishing node under `rallypoint exec` with gloo's timeout cut to
   --baseline-timeout seconds: how long the survivors stay blocked without supervision.
 
-    python bench/stop.py                     # N = 4 and 8, 5 runs each
-    python bench/stop.py --sizes 4 --runs 10 --baseline-runs 1
-    python bench/stop.py --quick             # N = 4, 1 run, no baseline
+    python -m bench.stop                     # N = 4 and 8, 5 runs each
+    python -m bench.stop --sizes 4 --runs 10 --baseline-runs 1
+    python -m bench.stop --quick             # N = 4, 1 run, no baseline
 
 In-process, --fanout N ...: N sidecars in one event loop (no jobs, connection checks off):
 from one node's failure report to the first failure known on every node, which shows how the
@@ -39,10 +39,8 @@ import sys
 import time
 from typing import Any
 
-import common
-from time_to_ready import each_cluster
-
-sys.path.insert(0, str(common.REPO))
+from bench import common
+from bench.time_to_ready import each_cluster
 from tests.support import steps
 from tests.support.cluster.build import Cluster
 from tests.support.cluster.nodes import Node
@@ -196,9 +194,8 @@ def main() -> None:
 
 async def fanout_run(n: int) -> dict[str, Any]:
     """N sidecars in one loop: from one node's failure report to the first failure on all."""
-    from tests.support.cluster.inprocess import ready_cluster
-
     from rallypoint.wire.jobstates import Report
+    from tests.support.cluster.inprocess import ready_cluster
 
     settings = {r: {"keepalive_s": 30.0, "probe": False} for r in range(n)}
     async with ready_cluster(n, token="bench-secret", per_node=settings) as c:

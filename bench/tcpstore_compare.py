@@ -26,9 +26,9 @@ before the run: the TCPStore server process imports torch). Every run checks tha
 complete, identical facts (rallypoint: one document digest listing every node; TCPStore:
 every worker's list equal to one reference list holding N + 1 valid records).
 
-    python bench/tcpstore_compare.py                      # N = 1024, 4096, 3 runs each
-    python bench/tcpstore_compare.py --sizes 16384 --runs 1
-    python bench/tcpstore_compare.py --quick              # N = 256, one run
+    python -m bench.tcpstore_compare                      # N = 1024, 4096, 3 runs each
+    python -m bench.tcpstore_compare --sizes 16384 --runs 1
+    python -m bench.tcpstore_compare --quick              # N = 256, one run
 """
 
 from __future__ import annotations
@@ -41,13 +41,9 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-import common
-import simcluster
-
-sys.path.insert(0, str(common.REPO))
+from bench import common, simcluster
 from tests.support.cluster.build import Cluster
 from tests.support.netns import wait_for
 
@@ -183,7 +179,7 @@ def store_clients(args: argparse.Namespace) -> None:
 
 
 def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
-    me = str(Path(__file__).resolve())
+    me = [sys.executable, "-m", "bench.tcpstore_compare"]  # its children share this cwd
     with (
         common.workdir("rp-store-") as workdir,
         Cluster(
@@ -199,7 +195,7 @@ def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
             (node.hosts_path.parent / "resolv.conf").write_text(NO_DNS)
         server = master.spawn(
             [
-                sys.executable, me, "server",
+                *me, "server",
                 "--host", master.address, "--port", str(STORE_PORT),
                 "--timeout", str(timeout_s),
             ],
@@ -215,7 +211,7 @@ def store_run(workers: int, procs: int, timeout_s: float) -> dict[str, Any]:
         for first, count in simcluster.split(workers, procs):
             runner = sim.spawn(
                 [
-                    sys.executable, me, "clients",
+                    *me, "clients",
                     "--host", master.address, "--port", str(STORE_PORT),
                     "--nnodes", str(workers + 1), "--first", str(first), "--count", str(count),
                     "--address", sim.address, "--start-at", repr(start_at),

@@ -15,9 +15,9 @@ last node's /livez first answered (the rendezvous alone). For the baselines "rea
 the last loop exits, measured from t0 (when the name became resolvable). Sidecars run with
 default settings, a session token and mDNS on (multicast stays on the private bridge).
 
-    python bench/time_to_ready.py                     # N = 2 4 8 16, 20 runs each
-    python bench/time_to_ready.py --runs 5 --sizes 8  # fewer
-    python bench/time_to_ready.py --quick             # N = 2 4, 2 runs, 3 s wait
+    python -m bench.time_to_ready                     # N = 2 4 8 16, 20 runs each
+    python -m bench.time_to_ready --runs 5 --sizes 8  # fewer
+    python -m bench.time_to_ready --quick             # N = 2 4, 2 runs, 3 s wait
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-import common
-
-sys.path.insert(0, str(common.REPO))
+from bench import common
 from tests.support.cluster.build import Cluster
 from tests.support.cluster.layout import LOCAL_PORT
 from tests.support.cluster.netio import http_get

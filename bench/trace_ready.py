@@ -7,8 +7,8 @@ rendezvous logged), then the CPU each sidecar used in that window (/proc, all th
 beside the window times the machine's cores: when the sum comes close, the rendezvous is
 CPU-bound and only less work per node shortens it.
 
-    python bench/trace_ready.py --size 8 --scenario worker_last --runs 3
-    python bench/trace_ready.py --cpu-only --runs 10   # no debug logs: CPU and window only
+    python -m bench.trace_ready --size 8 --scenario worker_last --runs 3
+    python -m bench.trace_ready --cpu-only --runs 10   # no debug logs: CPU and window only
 
 The window cannot be shorter than the busiest sidecar's CPU in it (the master's, whose
 event loop serves every node), nor than the sum over all sidecars divided by the cores.
@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-import common
-from time_to_ready import each_cluster, one_run
-
-sys.path.insert(0, str(common.REPO))
+from bench import common
+from bench.time_to_ready import each_cluster, one_run
 from tests.support.cluster.nodes import Node
 
 #: The events shown; the rest of the debug log is left out.

@@ -6,8 +6,8 @@ Each round runs every operation in a fresh interpreter per checkout (this one an
 swapped every round; a round's figure is the best of 3 timeit repeats, and the summary gives
 the median and p99 over the rounds and the ratio of the medians.
 
-    python bench/values.py --against /tmp/old     # 15 rounds
-    python bench/values.py --quick                # 3 rounds
+    python -m bench.values --against ../old       # 15 rounds
+    python -m bench.values --quick                # 3 rounds
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import common
+from bench import common
 
 NODES = 4096
 

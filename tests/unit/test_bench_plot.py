@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.commands import python
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 PLOTTING = sorted(path for path in BENCH.glob("*.py") if "common.pyplot()" in path.read_text())
 
-# The script as `python bench/NAME.py --quick` runs it, on an interpreter without matplotlib.
+# The benchmark as `python -m bench.NAME --quick` runs it from the repository root, on an
+# interpreter without matplotlib.
 WITHOUT_MATPLOTLIB = """
 import runpy, sys
 sys.modules["matplotlib"] = None
-sys.path.insert(0, sys.argv[1])
-sys.argv = [sys.argv[2], "--quick"]
-runpy.run_path(sys.argv[0], run_name="__main__")
+module = sys.argv[1]
+sys.argv = [module, "--quick"]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
@@ -27,12 +28,7 @@ def test_the_scan_finds_the_plotting_benchmarks() -> None:
 
 @pytest.mark.parametrize("script", PLOTTING, ids=lambda path: path.name)
 def test_a_missing_matplotlib_stops_the_benchmark_before_it_runs(script: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", WITHOUT_MATPLOTLIB, str(BENCH), str(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = python("-c", WITHOUT_MATPLOTLIB, f"bench.{script.stem}", cwd=BENCH.parent)
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert "matplotlib is not installed" in last

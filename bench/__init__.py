@@ -1,0 +1,1 @@
+"""The benchmarks, run as modules from the repository root: ``python -m bench.NAME``."""
