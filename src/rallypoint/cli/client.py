@@ -123,7 +123,7 @@ def reason_docs(body: str) -> list[dict[str, object]]:
     with contextlib.suppress(PeerMessageError):
         reasons = local.load(data, local.NotReadyAnswer, "503").reasons
         if reasons:
-            return [msgspec.to_builtins(reason) for reason in reasons]
+            return [reason.as_json() for reason in reasons]
     with contextlib.suppress(PeerMessageError):
         return [{"message": local.load(data, local.ErrorAnswer, "503").error}]
     first = body.strip().splitlines()[0] if body.strip() else ""
