@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.net import ports
 from rallypoint.rendezvous.node import Rendezvous
+from rallypoint.server.local import local_app
+from rallypoint.server.peer import peer_app
 from tests.fakes import FakeResolver
-from tests.support.api import HOSTS, SESSION
+from tests.support.api import HOSTS, SESSION, Apis, Client, MakeApis
 from tests.support.env import child_env
 from tests.support.ports import free_port
 from tests.support.served import Served
@@ -34,7 +37,12 @@ def session() -> str:
 async def make_node() -> AsyncIterator[Callable[..., Awaitable[Rendezvous]]]:
     made: list[tuple[Rendezvous, list[ports.HeldPort]]] = []
 
-    async def make(nnodes: int = 1, token: str | None = None, **changes: Any) -> Rendezvous:
+    async def make(
+        nnodes: int = 1,
+        token: str | None = None,
+        user: dict[str, tuple[str, str]] | None = None,
+        **changes: Any,
+    ) -> Rendezvous:
         # The API is under test here; probes have their own tests (test_connectivity).
         values: dict[str, Any] = {"long_poll_s": 5.0, "backoff_max_s": 0.1, "probe": False}
         settings = fast_settings(token=token, **{**values, **changes})
@@ -52,7 +60,7 @@ async def make_node() -> AsyncIterator[Callable[..., Awaitable[Rendezvous]]]:
             metrics=Metrics(),
             addresses=["127.0.0.1"],
             held=held,
-            user={},
+            user=user or {},
         )
         await node.__aenter__()
         made.append((node, list(held.values())))
@@ -63,6 +71,26 @@ async def make_node() -> AsyncIterator[Callable[..., Awaitable[Rendezvous]]]:
         await node.close()
         for port in held:
             port.close()
+
+
+@pytest.fixture
+def make_apis(make_node: Callable[..., Awaitable[Rendezvous]], aiohttp_client: Client) -> MakeApis:
+    """`make_node`'s node served by its peer app (which runs the rendezvous) and its local app;
+    ready (a single node on its own), or with ``ready=False`` just started."""
+
+    async def make(*, ready: bool = True, **node_args: Any) -> Apis:
+        node = await make_node(**node_args)
+        apis = Apis(
+            node, await aiohttp_client(peer_app(node)), await aiohttp_client(local_app(node))
+        )
+        if ready:
+            reasons = node.readiness.reasons
+            assert await node.readiness.wait_ready(20), [r.as_json() for r in reasons()]
+        else:
+            await asyncio.sleep(0)  # the rendezvous has started
+        return apis
+
+    return make
 
 
 @pytest.fixture

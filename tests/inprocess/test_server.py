@@ -26,6 +26,7 @@ from tests.support.api import (
     OPENAPI,
     SESSION,
     Client,
+    MakeApis,
     checked,
     join_body,
     join_while_waiting,
@@ -40,13 +41,9 @@ def test_openapi_schemas_are_valid_json_schema() -> None:
 
 
 @pytest.mark.parametrize("fmt", ["json", "sh", "dotenv"])
-async def test_env_when_ready(
-    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]], fmt: str
-) -> None:
-    node = await make_node()
-    await aiohttp_client(peer_app(node))
-    local = await aiohttp_client(local_app(node))
-    assert await node.readiness.wait_ready(20)
+async def test_env_when_ready(make_apis: MakeApis, fmt: str) -> None:
+    apis = await make_apis()
+    node, local = apis.node, apis.local
     resp = await local.get("/env", params={"format": fmt})
     assert resp.status == 200
     body = (await checked(resp, "GET", "/env")).decode()
@@ -60,13 +57,9 @@ async def test_env_when_ready(
     assert expected in body
 
 
-async def test_env_not_ready_then_wait_until_a_join(
-    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
-) -> None:
-    node = await make_node(nnodes=2)
-    peer = await aiohttp_client(peer_app(node))
-    local = await aiohttp_client(local_app(node))
-    await asyncio.sleep(0)
+async def test_env_not_ready_then_wait_until_a_join(make_apis: MakeApis) -> None:
+    apis = await make_apis(nnodes=2, ready=False)
+    node, peer, local = apis.node, apis.peer, apis.local
     body = await not_ready(local, "/env")
     assert body["reasons"][0]["code"] == "waiting_for_join"
     assert body["reasons"][0]["ranks"] == [1]
@@ -118,13 +111,9 @@ async def test_env_bad_parameters(
     assert json.loads(body)["error"]
 
 
-async def test_livez_status_and_metrics(
-    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
-) -> None:
-    node = await make_node()
-    await aiohttp_client(peer_app(node))
-    local = await aiohttp_client(local_app(node))
-    assert await node.readiness.wait_ready(20)
+async def test_livez_status_and_metrics(make_apis: MakeApis) -> None:
+    apis = await make_apis()
+    node, local = apis.node, apis.local
     resp = await local.get("/livez")
     assert await checked(resp, "GET", "/livez") == b"ok\n"
     resp = await local.get("/status")
@@ -291,14 +280,9 @@ async def test_every_route_of_both_apis_is_in_the_openapi_document(
     assert sorted(served - documented) == []
 
 
-async def test_job_routes_answer_as_documented(
-    aiohttp_client: Client, make_node: Callable[..., Awaitable[Rendezvous]]
-) -> None:
+async def test_job_routes_answer_as_documented(make_apis: MakeApis) -> None:
     """GET /job, its long-poll, POST /job and its refusals, /status "job": each as documented."""
-    node = await make_node()
-    await aiohttp_client(peer_app(node))
-    local = await aiohttp_client(local_app(node))
-    assert await node.readiness.wait_ready(20)
+    local = (await make_apis()).local
     resp = await local.get("/job")
     view = json.loads(await checked(resp, "GET", "/job"))
     assert view["own"]["state"] == "waiting" and view["first"] is None and view["stop"] is False

@@ -1,10 +1,12 @@
-"""The OpenAPI document as a checker of answers, and the node and join body the API tests use."""
+"""The OpenAPI document as a checker of answers, and the node, its APIs and the join body the
+API tests use."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from aiohttp.test_utils import TestClient
 
 from rallypoint import wire
 from rallypoint.model import Member
+from rallypoint.rendezvous.node import Rendezvous
 
 OPENAPI = yaml.safe_load(
     (Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml").read_text()
@@ -22,6 +25,19 @@ OPENAPI = yaml.safe_load(
 SESSION = "sess-api"
 HOSTS = ("node0", "node1")
 Client = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+
+@dataclass
+class Apis:
+    """A node behind both its APIs, each through aiohttp's test client (the in-process
+    tier's ``make_apis`` fixture)."""
+
+    node: Rendezvous
+    peer: TestClient[Any, Any]
+    local: TestClient[Any, Any]
+
+
+MakeApis = Callable[..., Awaitable[Apis]]
 
 
 async def checked(resp: ClientResponse, method: str, path: str) -> bytes:
