@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import msgspec
+
 from rallypoint import wire
 from rallypoint.core import mesh, names
 from rallypoint.model import ClusterSpec, OverrideSource
@@ -62,7 +64,8 @@ def document(
         out["link_warnings"] = [r.as_json() for r in book.verdict.link_warnings]
     for name, section in sections.items():
         try:
-            out[name] = section()
+            # A typed section (the job view, wire/local.py) as the JSON it is written as.
+            out[name] = msgspec.to_builtins(section())
         except Exception as exc:
             out[name] = {"error": str(exc)}
     return out
