@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import msgspec
 
 from rallypoint.core import fanout, jobs
-from rallypoint.core.jobs import JobBook, JobState
+from rallypoint.core.jobs import JobBook, JobState, JobStatus
 from rallypoint.core.liveness import Down
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
@@ -79,7 +79,7 @@ class JobWatch:
         #: Exchanges that carried our state on (an upstream's answer, a push done).
         self._delivered = 0
         #: The master's counts by state (a worker's table shows at most MAX_JOBS_SHOWN).
-        self._counts: dict[str, int] = {}
+        self._counts: dict[JobStatus, int] = {}
         self.attempts = Attempts(
             spec, self.book, coordinated=coordinated, sync_bound_s=sync_bound_s, ready=ready
         )
@@ -106,12 +106,12 @@ class JobWatch:
         job = JobState(
             spec.rank,
             spec.host,
-            report.state,
+            JobStatus(report.state),
             started,
             round(self._now() if report.at is None else report.at - self._offset(), 3),
             code=report.code,
             signal=report.signal,
-            detail=report.detail if report.state in ("exited", "killed", "stalled") else "",
+            detail=report.detail if report.state in jobs.EXPLAINED else "",
             attempt=max(attempt, 0),
         )
         self.reported.set()
@@ -133,7 +133,7 @@ class JobWatch:
             self.send_down.set()
         if not spec.is_master:
             self.send_up.set()
-        if job.state in ("running", "stopped"):
+        if job.state in (JobStatus.RUNNING, JobStatus.STOPPED):
             return  # nothing waits on these: a start, and a stop the others caused
         # `run` hears back once the report went up (or down, on the master): a job that
         # ended 0 is known as done before its sidecar may leave. Bounded by ``settle_s``.
@@ -190,9 +190,10 @@ class JobWatch:
         changed = []
         for rank in group:
             job = self.book.state(rank)
-            if job.state != "waiting" and self._sent.get(rank) != job.key:
+            if job.state != JobStatus.WAITING and self._sent.get(rank) != job.key:
                 changed.append(job)
-        return (None if own.state == "waiting" else own), tuple(changed), self._upstream_version
+        own_job = None if own.state == JobStatus.WAITING else own
+        return own_job, tuple(changed), self._upstream_version
 
     def sent(self, jobs_sent: tuple[JobState, ...]) -> None:
         """The upstream took these states."""
@@ -252,7 +253,7 @@ class JobWatch:
     def push_due(self) -> bool:
         """Whether there is news to push down: a new first failure, or our own job's end."""
         own = self.book.state(self.spec.rank)
-        ended = own.state in ("exited", "killed", "stopped", "terminated")
+        ended = own.state in jobs.ENDED
         return (
             self.book.first != self._first_pushed
             or (ended and own != self._own_pushed)
@@ -280,7 +281,7 @@ class JobWatch:
             spec.session,
             spec.rank,
             spec.host,
-            job=None if own.state == "waiting" else own,
+            job=None if own.state == JobStatus.WAITING else own,
             first=self.book.first,
             go=self.book.go,
         )
@@ -320,7 +321,8 @@ class JobWatch:
         first, go_before = book.first, book.go
         changed = book.learn_go(go)
         for job in incoming:
-            if job.rank == self.spec.rank and job.state == "lost" and not (from_upstream or mine):
+            named_self_lost = job.rank == self.spec.rank and job.state == JobStatus.LOST
+            if named_self_lost and not (from_upstream or mine):
                 continue  # only our upstream (or this node, of its vanished run) names us lost
             new_failure = job.failed and not book.has_failed(job.rank, job.attempt)
             if book.note(job):
@@ -381,14 +383,14 @@ class JobWatch:
         (``carried``: whether keep-alives carry it; ``progress``: the progress marks')."""
         book, spec, now = self.book, self.spec, self._now()
         own = self.attempts.own()
-        first = book.first if own.state == "starting" else book.first_of(own.attempt)
+        first = book.first if own.state == JobStatus.STARTING else book.first_of(own.attempt)
         counts = self._counts if len(spec.hosts) > wirealive.MAX_JOBS_SHOWN else book.counts()
         return JobView(
             carried, book.version, self.boot, spec.rank, spec.host, book.go,
             ShownState.of(own, now), self.attempts.start(),
             None if first is None else ShownState.of(first, now),
             tuple(ShownState.of(f, now) for f in book.firsts()),
-            own.state != "starting" and jobs.stops(first, spec.rank),
+            own.state != JobStatus.STARTING and jobs.stops(first, spec.rank),
             round(self.unsettled_s(), 3), counts,
             tuple(ShownState.of(j, now) for j in book.table(wirealive.MAX_JOBS_SHOWN)), progress,
         )  # fmt: skip
