@@ -115,7 +115,7 @@ def test_counts_and_the_table_show_failures_first() -> None:
     book = JobBook(HOSTS)
     book.note(state(0, "running"))
     book.note(state(3, "exited", code=4))
-    assert book.counts() == {**dict.fromkeys(jobs.STATES, 0), "waiting": 2, "running": 1,
+    assert book.counts() == {**dict.fromkeys(jobs.JobStatus, 0), "waiting": 2, "running": 1,
                              "exited": 1}  # fmt: skip
     assert [j.rank for j in book.table(5)] == [3, 0]
     assert [j.rank for j in book.table(1)] == [3]
@@ -184,7 +184,7 @@ FIELDS = st.fixed_dictionaries(
     optional={
         "rank": JSON | st.integers(-2, 5),
         "host": JSON | st.sampled_from(HOSTS),
-        "state": JSON | st.sampled_from(jobs.STATES),
+        "state": JSON | st.sampled_from(list(jobs.JobStatus)),
         "started": JSON,
         "since": JSON,
         "code": JSON,
@@ -202,7 +202,7 @@ def test_any_state_from_a_peer_is_a_state_or_a_clear_error(value: dict[str, obje
     except PeerMessageError as exc:
         assert str(exc).startswith("keep-alive answer: ")
     else:
-        assert job is not None and job.state in jobs.STATES and job.rank >= 0
+        assert job is not None and job.state in jobs.JobStatus and job.rank >= 0
 
 
 @given(FIELDS)

@@ -48,7 +48,7 @@ def wait_start(
     With ``rejoin_s`` (a restart), once every node but the lost ones is starting, the wait
     is for those to come back: it ends after ``rejoin_s`` more, not at ``bound_s``.
     """
-    body = jobstates.encode_report(jobstates.Report("starting", started))
+    body = jobstates.encode_report(jobstates.Report(JobStatus.STARTING, started))
     began = time.monotonic()
     view: JobView | None = None
     gone = said = False

@@ -167,7 +167,7 @@ def job_lines(job: JobView | Mapping[str, Any], *, show_all: bool = False) -> li
         marks = {m.rank: m for m in view.progress.nodes}
     nodes = list(view.nodes)
     if not show_all and len(nodes) > SUMMARY_ABOVE:
-        nodes = [n for n in nodes if n.state != "running"]
+        nodes = [n for n in nodes if n.state != JobStatus.RUNNING]
     for n in nodes:
         out.append(f"  - {_who(n)}: {n.what}{_mark(marks.get(n.rank))}")
     return out

@@ -33,6 +33,7 @@ from rallypoint.cli import (
     progresspost,
 )
 from rallypoint.core import jobs
+from rallypoint.core.jobs import JobStatus
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobstates
 from rallypoint.wire.local import JobView, ShownState
@@ -137,7 +138,7 @@ class Supervisor:
             )
             if attempt is None:
                 # Leaving without starting: the sidecar must not count this run as starting.
-                self._report("stopped", timeout_s=WITHDRAW_TIMEOUT_S)
+                self._report(JobStatus.STOPPED, timeout_s=WITHDRAW_TIMEOUT_S)
                 if self._terminated is not None:
                     return 128 + self._terminated
                 if last is None:
@@ -251,7 +252,9 @@ class Supervisor:
             # before their collectives fail on this node's closed connections; waiting to
             # start, no child runs, and the next attempt simply does not start here.
             if self._group is not None and self._group.child.poll() is None:
-                self._report("terminated", signal=signum, at=self._terminated_at, timeout_s=2.0)
+                self._report(
+                    JobStatus.TERMINATED, signal=signum, at=self._terminated_at, timeout_s=2.0
+                )
         if self._group is None:
             self._pending.append(signum)  # passed on as soon as the child is there
             return
@@ -270,9 +273,9 @@ class Supervisor:
         if self._publisher is not None and self._progress is not None:
             self._publisher.last(self._progress)
         if returncode >= 0:
-            view = self._report("exited", code=returncode, at=at, detail=cause)
+            view = self._report(JobStatus.EXITED, code=returncode, at=at, detail=cause)
         else:
-            view = self._report("killed", signal=-returncode, at=at, detail=cause)
+            view = self._report(JobStatus.KILLED, signal=-returncode, at=at, detail=cause)
         self._clear()
         if status == 0:
             return Outcome(0, False)
@@ -286,14 +289,14 @@ class Supervisor:
         if view.stop:
             status = jobs.exit_status(first.job, self.lost_code)
         self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
-        return Outcome(status, first.state != "terminated")
+        return Outcome(status, first.state != JobStatus.TERMINATED)
 
     def _stop(self, view: JobView) -> Outcome:
         """Another node failed first (or this one is lost): stop the job, exit with the status."""
         first = view.first
         assert first is not None
         own = self._progress.look() if self._progress is not None else None
-        if own is not None and first.state == "stalled":
+        if own is not None and first.state == JobStatus.STALLED:
             # Stalled here too: the node whose progress stopped first is the one to blame,
             # and the sidecars keep the earliest failure (this one, if its mark is older).
             return self._stalled(own)
@@ -301,7 +304,7 @@ class Supervisor:
         self._stop_group()
         # The report's answer is the attempt's first failure now: an earlier one may have
         # come in while the job stopped.
-        answer = self._report("stopped")
+        answer = self._report(JobStatus.STOPPED)
         self._clear()
         return self._exit_naming((answer and answer.first) or first, answer or view)
 
@@ -313,7 +316,7 @@ class Supervisor:
         # the earliest failure, whichever node's bound ran out first.
         at = stall.last.at if stall.last is not None else stall.began
         self.say(f"rallypoint: stopping the job: this node stalled: {stall.detail}")
-        view = self._report("stalled", at=at, detail=stall.detail)
+        view = self._report(JobStatus.STALLED, at=at, detail=stall.detail)
         assert self._group is not None
         if self.stall_signal is not None and self._group.signal(self.stall_signal):
             # Stacks first (faulthandler.register, a flight recorder), then the stop.
@@ -335,9 +338,9 @@ class Supervisor:
         progress stopped first); a restart may follow unless it was a stop from outside."""
         status = jobs.exit_status(first.job, self.lost_code)
         self.say(f"rallypoint: {jobview.line(first)}; exit {status}")
-        if first.state == "stalled" and (behind := jobview.behind(view)):
+        if first.state == JobStatus.STALLED and (behind := jobview.behind(view)):
             self.say(f"rallypoint: {behind}")
-        return Outcome(status, first.state != "terminated")
+        return Outcome(status, first.state != JobStatus.TERMINATED)
 
     def _stop_group(self) -> None:
         """SIGTERM to the job's group; SIGKILL, said, when the child outlives --grace."""
@@ -353,7 +356,7 @@ class Supervisor:
 
     def _report(
         self,
-        state: str,
+        state: JobStatus,
         *,
         code: int | None = None,
         signal: int | None = None,
@@ -370,6 +373,6 @@ class Supervisor:
 
     def _running_body(self) -> bytes:
         at, signum = self._terminated_at, self._terminated
-        state = "running" if signum is None else "terminated"
+        state = JobStatus.RUNNING if signum is None else JobStatus.TERMINATED
         report = jobstates.Report(state, self._started, None, signum, at, self._attempt)
         return jobstates.encode_report(report)

@@ -46,8 +46,6 @@ class JobStatus(enum.StrEnum):
     LOST = "lost"
 
 
-#: Every state's name, in order.
-STATES = tuple(JobStatus)
 _ORDER = {state: index for index, state in enumerate(JobStatus)}
 #: What `rallypoint run` reports to its own sidecar (lost is only ever named by the others).
 REPORTED = tuple(s for s in JobStatus if s not in (JobStatus.WAITING, JobStatus.LOST))
@@ -372,23 +370,3 @@ class JobBook:
 
 def _earlier(a: JobState, b: JobState) -> bool:
     return (a.since, a.rank) < (b.since, b.rank)
-
-
-def as_json(job: JobState, now: float | None = None) -> dict[str, object]:
-    """A state for /status and the local API (``ago_s`` relative to ``now`` when given)."""
-    out: dict[str, object] = {
-        "rank": job.rank,
-        "host": job.host,
-        "state": job.state,
-        "what": describe(job),
-        "started": round(job.started, 3) if job.started else None,
-        "since": round(job.since, 3) if job.since else None,
-        "code": job.code,
-        "signal": job.signal,
-        "signal_name": None if job.signal is None else signal_name(job.signal),
-        "detail": job.detail or None,
-        "attempt": job.attempt,
-    }
-    if now is not None and job.since:
-        out["ago_s"] = round(now - job.since, 3)
-    return out

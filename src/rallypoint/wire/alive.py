@@ -86,7 +86,7 @@ class AliveAnswer(msgspec.Struct, frozen=True):
     #: The answerer's job table version, and the table itself when the asker's is older.
     jobs_version: Version = 0
     jobs: Annotated[tuple[JobState, ...], at_most(MAX_JOBS_SHOWN)] | None = None
-    #: How many nodes' jobs are in each state (jobs.STATES), as the answerer knows them.
+    #: How many nodes' jobs are in each state (jobs.JobStatus), as the answerer knows them.
     counts: dict[JobStatus, Nodes] = {}
     #: The attempt the answerer knows the cluster started last (-1: none).
     go: Go = -1

@@ -18,7 +18,6 @@ import msgspec
 from rallypoint.core import jobs, progress
 from rallypoint.core.jobs import (
     MAX_DETAIL,
-    STATES,
     Attempt,
     ExitCode,
     Go,
@@ -28,7 +27,7 @@ from rallypoint.core.jobs import (
     Time,
 )
 from rallypoint.core.progress import LocalRank, Mark, Step
-from rallypoint.model import Nodes, Rank, at_most, one_of
+from rallypoint.model import Nodes, Rank, at_most
 from rallypoint.reasons import Reason
 from rallypoint.wire import fields
 
@@ -58,7 +57,7 @@ class ShownState(msgspec.Struct, frozen=True):
 
     rank: Rank
     host: str
-    state: Annotated[str, one_of(STATES)]
+    state: JobStatus
     what: str = ""
     started: Time | None = None
     since: Time | None = None
