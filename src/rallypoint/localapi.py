@@ -15,7 +15,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from rallypoint.wire.local import EnvValues, JobView, StatusView
+from rallypoint.wire.jobstates import JobView
+from rallypoint.wire.local import EnvValues, StatusView
 
 T = TypeVar("T")
 

@@ -319,9 +319,9 @@ async def test_the_master_starts_no_attempt_until_the_cluster_is_verified() -> N
         await watch.from_peer(alive.Alive("sess", 1, "node1", job=peer), upstream=False)
         assert watch.book.state(0).state == "starting"
         await asyncio.sleep(0.2)
-        assert watch.book.go == -1 and watch.view(True, None).start is None
+        assert watch.book.go == -1 and watch.view().start is None
         ready[0] = True
         flipped.set()
-        await until(lambda: watch.view(True, None).start == 0, timeout_s=5.0)
+        await until(lambda: watch.view().start == 0, timeout_s=5.0)
     finally:
         following.cancel()

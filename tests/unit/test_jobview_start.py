@@ -8,7 +8,7 @@ import time
 import pytest
 
 from rallypoint.cli import client, jobview
-from rallypoint.wire.local import JobView, ShownState
+from rallypoint.wire.jobstates import JobView, ShownState
 
 #: The bound of these waits: long beside the early end, short for a unit test.
 BOUND_S = 3.0

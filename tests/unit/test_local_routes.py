@@ -23,7 +23,7 @@ from rallypoint.rendezvous.node import Rendezvous
 from rallypoint.served import render
 from rallypoint.server.common import error_response, json_answer
 from rallypoint.server.local import local_app
-from rallypoint.wire import local
+from rallypoint.wire import jobstates, local
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TABLE = {(route.method, route.path) for route in localapi.ROUTES}
@@ -145,7 +145,7 @@ def untyped(routes: tuple[localapi.LocalRoute[Any], ...]) -> list[str]:
 
 def test_every_json_row_names_its_answer_type() -> None:
     assert untyped(localapi.ROUTES) == []
-    assert localapi.JOB.body is localapi.JOB_REPORT.body is local.JobView
+    assert localapi.JOB.body is localapi.JOB_REPORT.body is jobstates.JobView
     assert localapi.STATUS.body is local.StatusView
 
 
@@ -159,15 +159,15 @@ FAILED = JobState(2, "sub2", "exited", 990.0, 995.5, code=3, detail="RuntimeErro
 WAITING = JobState(0, "main1", "waiting")
 
 
-def job_view() -> local.JobView:
+def job_view() -> jobstates.JobView:
     mark = Mark(2, 1, 994.0, step=11, phase="data")
-    progress = local.ProgressView(
-        1, 2, (local.ShownMark.of(mark, ("main1", "sub1", "sub2"), NOW),),
+    progress = jobstates.ProgressView(
+        1, 2, (jobstates.ShownMark.of(mark, ("main1", "sub1", "sub2"), NOW),),
         behind="sub2 (rank 2) is behind",
     )  # fmt: skip
-    shown = local.ShownState.of(FAILED, NOW)
-    return local.JobView(
-        True, 7, "boot", 0, "main1", 1, local.ShownState.of(WAITING, NOW), None, shown,
+    shown = jobstates.ShownState.of(FAILED, NOW)
+    return jobstates.JobView(
+        True, 7, "boot", 0, "main1", 1, jobstates.ShownState.of(WAITING, NOW), None, shown,
         (shown,), True, 0.5, {"waiting": 1, "exited": 1}, (shown,), progress,
     )  # fmt: skip
 
@@ -180,7 +180,7 @@ def served(answer: object, status: int = 200) -> client.Answer:
 
 
 def test_a_shown_state_keeps_the_local_api_s_json_and_reads_back_as_its_state() -> None:
-    shown = local.ShownState.of(FAILED, NOW)
+    shown = jobstates.ShownState.of(FAILED, NOW)
     assert json.loads(served(shown).body) == {
         "rank": 2, "host": "sub2", "state": "exited", "what": "exited 3: RuntimeError: x",
         "started": 990.0, "since": 995.5, "code": 3, "signal": None, "signal_name": None,
@@ -188,7 +188,7 @@ def test_a_shown_state_keeps_the_local_api_s_json_and_reads_back_as_its_state() 
     }  # fmt: skip
     assert shown.job == FAILED
     # Zero times and an empty detail are shown as null, and read back as the defaults.
-    waiting = local.ShownState.of(WAITING)
+    waiting = jobstates.ShownState.of(WAITING)
     written = served(waiting).body
     assert json.loads(written)["started"] is None and "ago_s" not in written
     assert waiting.job == WAITING
@@ -199,7 +199,7 @@ def test_a_shown_state_keeps_the_local_api_s_json_and_reads_back_as_its_state() 
     [
         (localapi.JOB, job_view()),
         (localapi.JOB_REPORT, job_view()),
-        (localapi.JOB, local.JobView(version=3)),
+        (localapi.JOB, jobstates.JobView(version=3)),
         (localapi.STATUS, local.StatusView(True, (Reason("a", "m"),), "g1", "master")),
         (localapi.ENV, {"MASTER_ADDR": "main1", "WORLD_SIZE": "2"}),
         (localapi.MESH, {"counts": {"passed": 2}, "nnodes": 2}),
@@ -213,10 +213,10 @@ def test_the_client_decodes_what_the_server_writes(
 
 
 def test_the_job_section_of_status_decodes_before_the_node_list_is_known() -> None:
-    doc = {"ready": False, "role": "discovering", "job": local.JOBS_UNKNOWN}
+    doc = {"ready": False, "role": "discovering", "job": jobstates.JOBS_UNKNOWN}
     view = client.decode("http://x", localapi.STATUS, served(doc), local.StatusView)
-    assert view.job == local.JobView() and view.spec is msgspec.UNSET
-    assert json.loads(served(local.JOBS_UNKNOWN).body) == {
+    assert view.job == jobstates.JobView() and view.spec is msgspec.UNSET
+    assert json.loads(served(jobstates.JOBS_UNKNOWN).body) == {
         "carried": False, "version": 0, "first": None, "stop": False,
     }  # fmt: skip
 

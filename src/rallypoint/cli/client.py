@@ -26,7 +26,7 @@ from rallypoint.errors import (
     SidecarUnreachable,
     WriteRefused,
 )
-from rallypoint.wire import local
+from rallypoint.wire import fields, jobstates, local
 
 T = TypeVar("T")
 
@@ -121,11 +121,11 @@ def reason_docs(body: str) -> list[dict[str, object]]:
     """
     data = body.encode()
     with contextlib.suppress(PeerMessageError):
-        reasons = local.load(data, local.NotReadyAnswer, "503").reasons
+        reasons = _load(data, local.NotReadyAnswer, "503").reasons
         if reasons:
             return [reason.as_json() for reason in reasons]
     with contextlib.suppress(PeerMessageError):
-        return [{"message": local.load(data, local.ErrorAnswer, "503").error}]
+        return [{"message": _load(data, local.ErrorAnswer, "503").error}]
     first = body.strip().splitlines()[0] if body.strip() else ""
     first = first.removeprefix("not ready: ")  # /readyz says so already
     if not first:
@@ -213,7 +213,7 @@ def call(
 def _refusal(answer: Answer) -> local.ErrorAnswer | None:
     """The one-line JSON error an answer carries, if it is one."""
     try:
-        return local.load(answer.body.encode(), local.ErrorAnswer, "error")
+        return _load(answer.body.encode(), local.ErrorAnswer, "error")
     except PeerMessageError:
         return None
 
@@ -233,12 +233,17 @@ def fetch(
     return decode(base_url, route, answer, route.body)
 
 
+def _load(body: bytes, kind: type[T], what: str) -> T:
+    """The ``kind`` in an answer's body, every field checked (PeerMessageError when not)."""
+    return fields.load(body, kind, local.MAX_ANSWER_BYTES, what)
+
+
 def decode(base_url: str, route: localapi.LocalRoute[Any], answer: Answer, kind: type[T]) -> T:
     """An answer of ``route`` as a ``kind``; SidecarError, one line naming the route and what
     is wrong, when it is not one."""
     what = f"{route.context} on {_where(base_url)} answered {answer.status}"
     try:
-        return local.load(answer.body.encode(), kind, what)
+        return _load(answer.body.encode(), kind, what)
     except PeerMessageError as exc:
         raise SidecarError(
             f"{exc}: is a rallypoint sidecar of the same version listening there?"
@@ -311,7 +316,7 @@ def mesh(base_url: str, *, timeout_s: float = 3 * _MARGIN_S) -> dict[str, Any]:
     return fetch(base_url, localapi.MESH, timeout_s=timeout_s)
 
 
-def job(base_url: str, after: int | None = None, wait_s: float = 0.0) -> local.JobView:
+def job(base_url: str, after: int | None = None, wait_s: float = 0.0) -> jobstates.JobView:
     """GET /job: the supervised job on every node; with ``after``, once its version passed it."""
     query = None if after is None else {"after": str(after), "wait": f"{wait_s:.3f}"}
     return fetch(base_url, localapi.JOB, query=query, timeout_s=_MARGIN_S + wait_s)
@@ -319,7 +324,7 @@ def job(base_url: str, after: int | None = None, wait_s: float = 0.0) -> local.J
 
 def report_job(
     base_url: str, body: bytes, *, proof: str | None = None, timeout_s: float = _MARGIN_S
-) -> local.JobView:
+) -> jobstates.JobView:
     """POST /job: this node's job started or ended; the job view once the report went on.
 
     ``proof``: the session token's local proof, None without a token."""

@@ -13,7 +13,7 @@ from rallypoint.core import jobs
 from rallypoint.core.jobs import JobStatus
 from rallypoint.errors import RallypointError, WriteRefused
 from rallypoint.wire import jobstates
-from rallypoint.wire.local import JobView, ShownState
+from rallypoint.wire.jobstates import JobView, ShownState
 
 #: Seconds between attempts to reach a sidecar that does not answer.
 RETRY_S = 1.0

@@ -21,7 +21,8 @@ from rallypoint.cli.output import EXIT_FAILED, Command, cell, table
 from rallypoint.cli.setup import base_url, setup
 from rallypoint.core.jobs import JobStatus
 from rallypoint.reasons import Reason
-from rallypoint.wire.local import JobView, ProgressView, ShownMark, ShownState, StatusView
+from rallypoint.wire.jobstates import JobView, ProgressView, ShownMark, ShownState
+from rallypoint.wire.local import StatusView
 
 #: Above this many peers the table lists only those with problems (and counts the rest).
 SUMMARY_ABOVE = 64

@@ -36,7 +36,7 @@ from rallypoint.core import jobs
 from rallypoint.core.jobs import JobStatus
 from rallypoint.errors import RallypointError
 from rallypoint.wire import jobstates
-from rallypoint.wire.local import JobView, ShownState
+from rallypoint.wire.jobstates import JobView, ShownState
 
 #: The signals `run` passes on to the job's process group.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)

@@ -52,7 +52,7 @@ from rallypoint.rendezvous.readiness import Readiness
 from rallypoint.rendezvous.tasks import cancel_quietly
 from rallypoint.settings import Settings
 from rallypoint.wire import fields
-from rallypoint.wire.local import JOBS_UNKNOWN, JobsUnknown, JobView
+from rallypoint.wire.jobstates import JOBS_UNKNOWN, JobsUnknown, JobView
 
 log = logging.getLogger(__name__)
 
@@ -359,11 +359,7 @@ class Rendezvous(AsyncResource):
 
     def job_status(self) -> JobView | JobsUnknown:
         """GET /job's answer and /status "job" (the short form before the node list is known)."""
-        if self.jobs is None:
-            return JOBS_UNKNOWN
-        attempt = self.jobs.attempts.own().attempt
-        progress = None if self.progress is None else self.progress.view(attempt)
-        return self.jobs.view(self.keepalive is not None, progress)
+        return JOBS_UNKNOWN if self.jobs is None else self.jobs.view()
 
     def wake(self) -> None:
         """Cut a worker's join backoff short (mDNS saw the master change): re-join now."""

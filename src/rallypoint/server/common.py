@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
+import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
@@ -38,7 +39,7 @@ def api_app(
 
 def json_answer(answer: object, status: int = 200) -> web.Response:
     """A JSON answer: a wire/local.py type (or builtins holding them), uncached."""
-    return web.json_response(local.answer(answer), status=status, headers=NO_STORE)
+    return web.json_response(msgspec.to_builtins(answer), status=status, headers=NO_STORE)
 
 
 def error_response(status: int, message: str, code: str | None = None) -> web.Response:
@@ -126,4 +127,4 @@ def single_query(request: web.Request, allowed: tuple[str, ...]) -> dict[str, st
 
 def json_line(message: str, code: str | None = None) -> str:
     """The body of a one-line JSON error, for aiohttp's HTTP exceptions."""
-    return json.dumps(local.answer(local.ErrorAnswer(message, code)))
+    return json.dumps(msgspec.to_builtins(local.ErrorAnswer(message, code)))

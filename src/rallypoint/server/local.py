@@ -196,7 +196,7 @@ async def _job(request: web.Request) -> web.Response:
         except ValueError:
             return error_response(400, f"after={params['after']!r:.40} must be a version number")
         await node.jobs.wait(after, wait_s)
-    return json_answer(node.job_status())
+    return json_answer(node.jobs.view())
 
 
 def _refused(request: web.Request) -> web.Response | None:
@@ -224,7 +224,7 @@ async def _job_report(request: web.Request) -> web.Response:
     assert node.jobs is not None  # _refused said so
     report = jobstates.parse_report(await request.read())
     await node.jobs.report(report, settle_s=min(node.settings.keepalive_s or 1.0, 5.0))
-    return json_answer(node.job_status())
+    return json_answer(node.jobs.view())
 
 
 async def _progress_report(request: web.Request) -> web.Response:

@@ -29,9 +29,9 @@ from rallypoint.core.liveness import Down
 from rallypoint.metrics import Metrics
 from rallypoint.model import ClusterSpec
 from rallypoint.rendezvous.afterready.attempts import WITHDRAWN, Attempts
+from rallypoint.rendezvous.afterready.progresswatch import ProgressWatch
 from rallypoint.wire import alive as wirealive
-from rallypoint.wire.jobstates import Report
-from rallypoint.wire.local import JobView, ProgressView, ShownState
+from rallypoint.wire.jobstates import JobView, Report, ShownState
 
 log = logging.getLogger("rallypoint.rendezvous")
 
@@ -52,6 +52,7 @@ class JobWatch:
         sync_bound_s: float = 15.0,
         ready: Callable[[], bool] = lambda: True,
         unsettled_s: Callable[[], float] = lambda: 0.0,
+        progress: ProgressWatch | None = None,
     ) -> None:
         self.spec = spec
         self.book = JobBook(spec.hosts)
@@ -68,6 +69,8 @@ class JobWatch:
         self.send_down = asyncio.Event()
         #: Seconds until every silent watched node is settled (the liveness watch's).
         self.unsettled_s = unsettled_s
+        #: The view shows the job's progress, and whether keep-alives carry both.
+        self._progress, self._carried = progress, coordinated
         #: Whether this node's `run` reported (a restarted sidecar keeps alive at once).
         self.reported = asyncio.Event()
         #: A relay's members' states as last sent upstream (resent after an upstream restart).
@@ -378,15 +381,16 @@ class JobWatch:
 
     # -- what the local API shows -------------------------------------------------------
 
-    def view(self, carried: bool, progress: ProgressView | None) -> JobView:
-        """GET /job and /status "job": this node's job, the first failure, every node's state
-        (``carried``: whether keep-alives carry it; ``progress``: the progress marks')."""
+    def view(self) -> JobView:
+        """GET /job and /status "job": this node's job, the first failure, every node's state,
+        and the job's progress in this node's attempt."""
         book, spec, now = self.book, self.spec, self._now()
         own = self.attempts.own()
+        progress = None if self._progress is None else self._progress.view(own.attempt)
         first = book.first if own.state == JobStatus.STARTING else book.first_of(own.attempt)
         counts = self._counts if len(spec.hosts) > wirealive.MAX_JOBS_SHOWN else book.counts()
         return JobView(
-            carried, book.version, self.boot, spec.rank, spec.host, book.go,
+            self._carried, book.version, self.boot, spec.rank, spec.host, book.go,
             ShownState.of(own, now), self.attempts.start(),
             None if first is None else ShownState.of(first, now),
             tuple(ShownState.of(f, now) for f in book.firsts()),

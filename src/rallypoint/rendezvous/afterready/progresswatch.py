@@ -19,8 +19,7 @@ from rallypoint.core import progress as marks
 from rallypoint.core.progress import Mark, ProgressBook, Summary
 from rallypoint.model import ClusterSpec
 from rallypoint.wire import alive as wirealive
-from rallypoint.wire.jobstates import ProgressReport
-from rallypoint.wire.local import ProgressView, ShownMark
+from rallypoint.wire.jobstates import ProgressReport, ProgressView, ShownMark
 
 #: Most marks a node shows in its local view (the master's summary covers every node).
 MAX_SHOWN = 256

@@ -28,6 +28,14 @@ def build(ctx: NodeContext, offsets: ClockEstimate, *, boot: str) -> AfterReady:
     size = fanout.group_size(spec.nnodes, ctx.settings.relay_group_size)
     watch = liveness.Watch(spec.hosts, spec.rank, keepalive_s) if keepalive_s > 0 else None
     readiness = ctx.readiness
+    progress = ProgressWatch(
+        spec,
+        group_size=size,
+        now=offsets.now,
+        offset=lambda: offsets.offset_s,
+        error=lambda: 0.0 if offsets.best is None else offsets.best.rtt_s / 2,
+        attempt=lambda: jobs.book.go,  # the job watch is built next
+    )
     jobs = JobWatch(
         spec,
         ctx.metrics,
@@ -39,14 +47,7 @@ def build(ctx: NodeContext, offsets: ClockEstimate, *, boot: str) -> AfterReady:
         sync_bound_s=liveness.UPSTREAM_DOWN_AFTER * keepalive_s,
         ready=lambda: readiness.ready,
         unsettled_s=(lambda: 0.0) if watch is None else watch.unsettled_s,
-    )
-    progress = ProgressWatch(
-        spec,
-        group_size=size,
-        now=offsets.now,
-        offset=lambda: offsets.offset_s,
-        error=lambda: 0.0 if offsets.best is None else offsets.best.rtt_s / 2,
-        attempt=lambda: jobs.book.go,
+        progress=progress,
     )
     keepalive = None if watch is None else Keepalive(ctx, watch, jobs, progress)
     if keepalive is not None:
