@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.cli import rallypoint
 from tests.support.env import child_env
+from tests.support.holdproxy import HoldingProxy
 from tests.support.served import Served
 
 
@@ -244,3 +245,30 @@ def test_the_job_outlives_its_sidecar_and_is_reported_to_the_next_one(
     assert status == 5
     assert err.count("the job keeps running") == 1, err
     assert "the sidecar answers again" in err, err
+
+
+def test_an_outside_stop_the_sidecar_takes_late_is_still_named_first(
+    served: Served, tmp_path: Path
+) -> None:
+    """The stop's report reaches the sidecar only after the job's end that followed it (the
+    sidecar starved of CPU): `run` said it again before the end, so the outside stop is
+    still the first failure, not the exit it caused."""
+    out = tmp_path / "out"
+    script = f'echo $$ > {out}; trap "exit 9" TERM; while true; do sleep 0.1; done'
+    proxy = HoldingProxy(served.local_port, b'"terminated"', hold_s=4.0)
+    late = Served(served.proc, proxy.port, served.peer_port, served.master_port, served.tf_port)
+    try:
+        proc = start_run(late, "--", "sh", "-c", script)
+        try:
+            wait_file(out)
+            proc.send_signal(signal.SIGTERM)
+            status = proc.wait(30)
+        finally:
+            proc.kill()
+        assert proxy.held.is_set(), "the stop was never reported"
+        time.sleep(4.5)  # the held report has reached the sidecar by now
+    finally:
+        proxy.close()
+    assert status == 9
+    seen = job(served)
+    assert seen["first"]["what"] == "stopped from outside by SIGTERM", seen  # type: ignore[index]

@@ -99,6 +99,8 @@ class Supervisor:
         self._started = 0.0
         self._terminated: int | None = None
         self._terminated_at: float | None = None
+        #: The outside stop's report got no answer in time: said again before the job's end.
+        self._stop_unsaid = False
         self._ended_at: float | None = None
         #: Signals that came before the child was started.
         self._pending: list[int] = []
@@ -252,9 +254,10 @@ class Supervisor:
             # before their collectives fail on this node's closed connections; waiting to
             # start, no child runs, and the next attempt simply does not start here.
             if self._group is not None and self._group.child.poll() is None:
-                self._report(
+                said = self._report(
                     JobStatus.TERMINATED, signal=signum, at=self._terminated_at, timeout_s=2.0
                 )
+                self._stop_unsaid = said is None
         if self._group is None:
             self._pending.append(signum)  # passed on as soon as the child is there
             return
@@ -272,6 +275,10 @@ class Supervisor:
         at, cause = self._ended_at, self._errors.cause() if returncode else ""
         if self._publisher is not None and self._progress is not None:
             self._publisher.last(self._progress)
+        if self._stop_unsaid:
+            # A sidecar that took the stop's report late would drop it behind the end it
+            # caused (an older state of the same run) and name the end first: said first.
+            self._report(JobStatus.TERMINATED, signal=self._terminated, at=self._terminated_at)
         if returncode >= 0:
             view = self._report(JobStatus.EXITED, code=returncode, at=at, detail=cause)
         else:
