@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from rallypoint.wire.jobstates import JobView
 from tests.support.cluster.inprocess import Cluster, ready_cluster, until
 from tests.support.commands import start_rallypoint
 
@@ -55,6 +56,23 @@ def attempts_seen(stdout: str) -> list[int]:
     return [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("ATTEMPT ")]
 
 
+def job_view(c: Cluster, rank: int) -> JobView:
+    """Node ``rank``'s job view (its node list is known: the cluster is ready)."""
+    shown = c.nodes[rank].node.job_status()
+    assert isinstance(shown, JobView), shown
+    return shown
+
+
+def own_state(c: Cluster, rank: int) -> str | None:
+    own = job_view(c, rank).own
+    return None if own is None else own.state
+
+
+def starting(c: Cluster, rank: int, attempt: int) -> bool:
+    own = job_view(c, rank).own
+    return own is not None and own.state == "starting" and own.attempt == attempt
+
+
 def ready(n: int):  # type: ignore[no-untyped-def]
     return ready_cluster(n, token=TOKEN, per_node={r: dict(FAST) for r in range(n)})
 
@@ -72,7 +90,7 @@ async def test_the_same_command_run_again_after_a_failure_is_the_next_attempt() 
         assert {r: s for r, (s, _, _) in again.items()} == dict.fromkeys(range(3), 0), again
         for rank, (_, stdout, _) in again.items():
             assert f"ATTEMPT 1 RESTARTS 1 NODE {rank}" in stdout, stdout
-        view = c.nodes[0].node.job_status()
+        view = job_view(c, 0)
         assert view.attempt == 1 and view.first is None, view
         earlier = view.attempts
         assert len(earlier) == 1, earlier
@@ -107,8 +125,8 @@ async def test_a_failure_past_the_budget_ends_every_node_with_its_status() -> No
 async def test_a_stop_from_outside_is_never_restarted() -> None:
     async with ready(2) as c:
         procs = await run_everywhere(c, {0: "sleep 60", 1: "sleep 60"}, "--restarts", "3")
-        await until(lambda: c.nodes[1].node.job_status().own.state == "running")  # type: ignore[union-attr]
-        await until(lambda: c.nodes[0].node.job_status().own.state == "running")  # type: ignore[union-attr]
+        await until(lambda: own_state(c, 1) == "running")
+        await until(lambda: own_state(c, 0) == "running")
         procs[1].send_signal(signal.SIGTERM)
         done = await ends(procs)
         assert done[1][0] == 143 and done[0][0] == 75, done
@@ -116,17 +134,23 @@ async def test_a_stop_from_outside_is_never_restarted() -> None:
             assert attempts_seen(stdout) == [0], stdout
 
 
+async def held_until_the_other_runs(c: Cluster, alone: int, other: int, script: str) -> None:
+    """``alone``'s run is starting and must not start attempt 0 until ``other``'s runs too;
+    then both run attempt 0 to its end."""
+    procs = await run_everywhere(c, {alone: script})
+    await until(lambda: starting(c, alone, 0))
+    await asyncio.sleep(1.0)  # a moment in which it must not start alone
+    assert job_view(c, alone).attempt == -1
+    assert procs[alone].returncode is None
+    procs |= await run_everywhere(c, {other: script})
+    done = await ends(procs)
+    assert {r: s for r, (s, _, _) in done.items()} == {0: 0, 1: 0}, done
+    assert all(attempts_seen(stdout) == [0] for _, stdout, _ in done.values()), done
+
+
 async def test_no_attempt_starts_until_every_node_is_starting() -> None:
     async with ready(2) as c:
-        procs = await run_everywhere(c, {0: "sleep 0.1"})
-        await until(lambda: c.nodes[0].node.job_status().own.state == "starting")  # type: ignore[union-attr]
-        await asyncio.sleep(1.0)  # a moment in which node0 must not start alone
-        assert c.nodes[0].node.job_status().attempt == -1  # type: ignore[union-attr]
-        assert procs[0].returncode is None
-        procs |= await run_everywhere(c, {1: "sleep 0.1"})
-        done = await ends(procs)
-        assert {r: s for r, (s, _, _) in done.items()} == {0: 0, 1: 0}, done
-        assert all(attempts_seen(stdout) == [0] for _, stdout, _ in done.values()), done
+        await held_until_the_other_runs(c, 0, 1, "sleep 0.1")
 
 
 async def test_a_run_killed_mid_attempt_and_started_again_restarts_the_job_everywhere() -> None:
@@ -139,7 +163,7 @@ async def test_a_run_killed_mid_attempt_and_started_again_restarts_the_job_every
         waits = 'if [ "$RALLYPOINT_ATTEMPT" = 0 ]; then exec sleep 60; fi; exec sleep 0.2'
         procs = await run_everywhere(c, dict.fromkeys(range(3), waits), "--restarts", "1")
         for rank in range(3):
-            await until(lambda r=rank: c.nodes[r].node.job_status().own.state == "running")  # type: ignore[misc,union-attr]
+            await until(lambda r=rank: own_state(c, r) == "running")  # type: ignore[misc]
         procs[1].kill()
         await procs[1].wait()  # and its pipes: its child (exec'd sleep) died with it
         procs |= await run_everywhere(c, {1: waits}, "--restarts", "1")
@@ -150,8 +174,8 @@ async def test_a_run_killed_mid_attempt_and_started_again_restarts_the_job_every
             assert attempts_seen(stdout) == [0, 1], (stdout, stderr)
             assert "first failure: node1 (rank 1) lost: its run ended without a report" in stderr
         assert attempts_seen(done[1][1]) == [1], done[1]
-        view = c.nodes[2].node.job_status()
-        assert [(f.host, f.state) for f in view.attempts] == [("node1", "lost")], view  # type: ignore[union-attr]
+        view = job_view(c, 2)
+        assert [(f.host, f.state) for f in view.attempts] == [("node1", "lost")], view
 
 
 async def test_a_run_that_gave_up_waiting_is_not_counted_as_starting() -> None:
@@ -162,22 +186,9 @@ async def test_a_run_that_gave_up_waiting_is_not_counted_as_starting() -> None:
     async with ready(2) as c:
         gave_up = await ends(await run_everywhere(c, {0: "exec sleep 0.1"}, "--timeout", "2"))
         assert gave_up[0][0] == 75, gave_up
-        assert c.nodes[0].node.job_status().own.state == "stopped"  # type: ignore[union-attr]
-        procs = await run_everywhere(c, {1: "exec sleep 0.1"})
-        await until(lambda: c.nodes[1].node.job_status().own.state == "starting")  # type: ignore[union-attr]
-        await asyncio.sleep(1.0)  # a moment in which node1 must not start alone
-        assert c.nodes[1].node.job_status().attempt == -1  # type: ignore[union-attr]
-        assert procs[1].returncode is None
-        procs |= await run_everywhere(c, {0: "exec sleep 0.1"})
-        done = await ends(procs)
-        assert {r: s for r, (s, _, _) in done.items()} == {0: 0, 1: 0}, done
-        assert all(attempts_seen(stdout) == [0] for _, stdout, _ in done.values()), done
-        assert c.nodes[1].node.job_status().attempts == ()  # type: ignore[union-attr]  # nobody failed
-
-
-def starting(c: Cluster, rank: int, attempt: int) -> bool:
-    own = c.nodes[rank].node.job_status().own  # type: ignore[union-attr]
-    return own is not None and own.state == "starting" and own.attempt == attempt
+        assert own_state(c, 0) == "stopped"
+        await held_until_the_other_runs(c, 1, 0, "exec sleep 0.1")
+        assert job_view(c, 1).attempts == ()  # nobody failed
 
 
 async def test_a_master_back_with_a_new_address_is_checked_before_the_next_attempt(
@@ -198,7 +209,7 @@ async def test_a_master_back_with_a_new_address_is_checked_before_the_next_attem
         )
         procs = await run_everywhere(c, dict.fromkeys(range(3), script), "--restarts", "1")
         for rank in range(3):
-            await until(lambda r=rank: c.nodes[r].node.job_status().own.state == "running")  # type: ignore[misc,union-attr]
+            await until(lambda r=rank: own_state(c, r) == "running")  # type: ignore[misc]
         procs[0].kill()
         await procs[0].wait()  # its child (exec'd sleep) died with it
         await c.stop(0)
@@ -210,7 +221,7 @@ async def test_a_master_back_with_a_new_address_is_checked_before_the_next_attem
         await asyncio.sleep(1.0)  # a moment in which attempt 1 must not start
         master = c.nodes[0].node
         assert not master.readiness.ready
-        assert all(c.nodes[r].node.job_status().start is None for r in range(3))  # type: ignore[union-attr]
+        assert all(job_view(c, r).start is None for r in range(3))
         assert all(p.returncode is None for p in procs.values())
         for rank in (1, 2):
             c.resolvers[rank].set("node0", [new])
@@ -242,7 +253,7 @@ async def test_the_cause_a_failed_job_left_in_its_error_file_is_named_on_every_n
         for _, _, stderr in done.values():
             assert named in stderr, stderr
         assert message.read_text().startswith(named.removeprefix("rallypoint: ")), done[0]
-        first = c.nodes[0].node.job_status().first
+        first = job_view(c, 0).first
         assert first is not None and first.what == "exited 1: RuntimeError: planted", first
 
 
@@ -261,13 +272,13 @@ async def test_a_restarted_master_learns_the_earlier_attempts_from_the_workers()
 
         def history(rank: int) -> list[tuple[int, str, str]]:
             view = c.nodes[rank].node.job_status()
-            return [(f.attempt, f.host, f.state) for f in view.attempts]  # type: ignore[union-attr]
+            return [(f.attempt, f.host, f.state) for f in view.attempts]
 
         assert history(2) == [(0, "node1", "exited")]
         await c.stop(0)
         await c.start(0)
         await until(lambda: history(0) == [(0, "node1", "exited")])
-        assert c.nodes[0].node.job_status().attempt == 1  # type: ignore[union-attr]
+        assert job_view(c, 0).attempt == 1
 
 
 @pytest.mark.parametrize(
@@ -330,7 +341,7 @@ async def test_a_job_that_stops_making_progress_is_named_stalled_on_every_node()
         for _, _, stderr in done.values():
             assert named in stderr and behind in stderr, stderr
         assert "rallypoint: stopping the job: this node stalled: at step 3" in done[2][2]
-        first = c.nodes[1].node.job_status().first
+        first = job_view(c, 1).first
         assert first is not None and (first.host, first.state) == ("node2", "stalled"), first
 
 

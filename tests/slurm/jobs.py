@@ -132,6 +132,16 @@ class BatchJobs(ABC):
         done = self.client(["scontrol", "--oneliner", "show", "job", job_id], check=False)
         return parse_record(done.stdout)
 
+    def cancel(self, job_id: str, timeout_s: float = 60) -> None:
+        """scancel the job (requeued and pending, or whatever it is) and wait for its end."""
+        self.client(["scancel", job_id], check=False)
+        wait_for(
+            lambda: self.job_record(job_id).get("JobState") in FINAL_STATES,
+            timeout_s=timeout_s,
+            interval_s=0.2,
+            what=f"job {job_id} cancelled",
+        )
+
     def wait_job(self, job_id: str, workdir: Path, timeout_s: float) -> Job:
         """Wait until the job ends; scancel it (and report what it printed) after timeout_s."""
         deadline = time.monotonic() + timeout_s
@@ -142,13 +152,7 @@ class BatchJobs(ABC):
                 break
             time.sleep(0.5)
         else:
-            self.client(["scancel", job_id], check=False)
-            wait_for(
-                lambda: self.job_record(job_id).get("JobState") in FINAL_STATES,
-                timeout_s=30,
-                interval_s=0.2,
-                what=f"job {job_id} cancelled",
-            )
+            self.cancel(job_id, timeout_s=30)
             record = self.job_record(job_id)
             record["JobState"] = f"{record.get('JobState')} (cancelled after {timeout_s:g} s)"
         return Job.from_record(job_id, record, read_output(workdir / f"slurm-{job_id}.out"))

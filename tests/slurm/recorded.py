@@ -11,8 +11,6 @@ from pathlib import Path
 
 from tests.slurm import cluster as slurm_cluster
 from tests.slurm.conftest import NODES, runnable_guide_script
-from tests.slurm.jobs import FINAL_STATES
-from tests.support.netns import wait_for
 
 TRAIN = Path(__file__).with_name("steady_train.py")
 #: The guide's last command, and what the test runs instead: the same command, then its
@@ -72,14 +70,3 @@ def submit(
     (workdir / "status").mkdir()
     job_id = slurm.submit(requeue_script(), workdir, args=[f"--nodes={NODES}"], env=job_env)
     return workdir, job_id
-
-
-def cancel(slurm: slurm_cluster.SlurmCluster, job_id: str) -> None:
-    """scancel the job (requeued and pending, or whatever it is) and wait for its end."""
-    slurm.client(["scancel", job_id], check=False)
-    wait_for(
-        lambda: slurm.job_record(job_id).get("JobState") in FINAL_STATES,
-        timeout_s=60,
-        interval_s=0.5,
-        what=f"job {job_id} cancelled",
-    )

@@ -27,7 +27,7 @@ from rallypoint import settings
 from tests.slurm import cluster as slurm_cluster
 from tests.slurm.conftest import NODES
 from tests.slurm.jobs import FINAL_STATES
-from tests.slurm.recorded import Ended, cancel, ended, output, submit
+from tests.slurm.recorded import Ended, ended, output, submit
 from tests.support.netns import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
@@ -162,7 +162,7 @@ def test_vanished_node_stops_the_others_with_75_and_slurm_requeues(
         assert any(f"failure of node {VICTIM}" in line for line in reasons), reasons
     finally:
         with contextlib.suppress(Exception):
-            cancel(slurm, job_id)
+            slurm.cancel(job_id)
         if vanished:
             slurm.revive(VICTIM)
             slurm.wait_idle(120)
@@ -200,6 +200,6 @@ def test_sidecars_cut_off_exit_75_and_requeue_exit_requeues(
         assert record.get("ExitCode") == f"{LOST_EXIT_CODE}:0", record
     finally:
         with contextlib.suppress(Exception):
-            cancel(slurm, job_id)
+            slurm.cancel(job_id)
         if cut:
             slurm.cut_port(VICTIM, peer_port, action="-D")

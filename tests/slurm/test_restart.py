@@ -17,7 +17,7 @@ import pytest
 
 from tests.slurm import cluster as slurm_cluster
 from tests.slurm.conftest import NODES
-from tests.slurm.recorded import cancel, ended, output, submit
+from tests.slurm.recorded import ended, output, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
@@ -35,7 +35,7 @@ def test_a_crash_restarts_in_the_same_allocation_and_completes(
         job = slurm.wait_job(job_id, workdir, COMPLETE_TIMEOUT_S)
     finally:
         with contextlib.suppress(Exception):
-            cancel(slurm, job_id)
+            slurm.cancel(job_id)
     text = output(workdir, job_id)
     assert job.state == "COMPLETED" and job.exit_code == "0:0", (job.describe(), text)
     assert job.record.get("Restarts") == "0", job.record

@@ -27,22 +27,22 @@ BENCH_MODULES = frozenset(path.stem for path in BENCH.glob("*.py")) - {"__init__
 ENV_SETTERS = {"setdefault", "putenv", "setenv"}
 
 
-def _is_sys_path(node: ast.AST) -> bool:
+def _is_attribute(node: ast.AST, module: str, name: str) -> bool:
+    """Whether ``node`` spells ``module.name`` (``sys.path``, ``os.environ``)."""
     return (
         isinstance(node, ast.Attribute)
-        and node.attr == "path"
+        and node.attr == name
         and isinstance(node.value, ast.Name)
-        and node.value.id == "sys"
+        and node.value.id == module
     )
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    return _is_attribute(node, "sys", "path")
 
 
 def _is_os_environ(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.Attribute)
-        and node.attr == "environ"
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "os"
-    )
+    return _is_attribute(node, "os", "environ")
 
 
 def _names_pythonpath(node: ast.AST | None) -> bool:
