@@ -140,7 +140,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
         if item.get_closest_marker("quiet_machine") is not None:
             with quiet.hold(exclusive=True):
                 return (yield)
-        if _tier(item) in BUSY_TIERS:
+        if _tier(item) in BUSY_TIERS or item.get_closest_marker("starts_processes") is not None:
             with quiet.hold(exclusive=False):
                 return (yield)
         return (yield)

@@ -19,6 +19,9 @@ from rallypoint.wire.jobstates import JobView
 from tests.support.cluster.inprocess import Cluster, ready_cluster, until
 from tests.support.commands import start_rallypoint
 
+#: Starts the product's processes: no machine-measuring test runs beside it (conftest.py).
+pytestmark = pytest.mark.starts_processes
+
 TOKEN = "attempts-test-secret"
 #: A keep-alive every 0.3 s: a failure reaches every node within a moment.
 FAST = {"keepalive_s": 0.3}

@@ -133,6 +133,9 @@ def test_a_bad_variable_names_itself(served: Served) -> None:
 
 SCRIPT = """
 import os, signal, subprocess, sys, time
+
+#: Starts the product's processes: no machine-measuring test runs beside it (conftest.py).
+pytestmark = pytest.mark.starts_processes
 out = sys.argv[1]
 # A data-loader-like grandchild in the same process group, which outlives nothing.
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

@@ -16,6 +16,9 @@ from tests.support.env import child_env
 from tests.support.ports import free_port
 from tests.support.served import Served
 
+#: Starts the product's processes: no machine-measuring test runs beside it (conftest.py).
+pytestmark = pytest.mark.starts_processes
+
 
 def test_wait_env_check_status_against_a_real_sidecar(served: Served) -> None:
     port = str(served.local_port)

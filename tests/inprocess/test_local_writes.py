@@ -12,10 +12,14 @@ import json
 import time
 
 import aiohttp
+import pytest
 
 from rallypoint.wire import jobstates
 from tests.support.cluster.inprocess import Cluster, ready_cluster, until
 from tests.support.commands import start_rallypoint
+
+#: Starts the product's processes: no machine-measuring test runs beside it (conftest.py).
+pytestmark = pytest.mark.starts_processes
 
 TOKEN = "local-writes-test-secret"
 FAST = {"keepalive_s": 0.3}

@@ -26,6 +26,9 @@ from tests.support.env import child_env
 from tests.support.mdns import LOOPBACK_MDNS_TESTS, rogues
 from tests.support.ports import free_port
 
+#: Starts the product's processes: no machine-measuring test runs beside it (conftest.py).
+pytestmark = pytest.mark.starts_processes
+
 REPO = Path(__file__).resolve().parents[2]
 #: Every test module that announces or browses with real mDNS on loopback.
 MDNS_TESTS = LOOPBACK_MDNS_TESTS

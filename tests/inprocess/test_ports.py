@@ -18,6 +18,9 @@ from tests.conftest import require
 from tests.support.ports import worker_slice
 from tests.support.tcpstore import run_tcpstore, torch_available
 
+#: Starts the product's processes: no machine-measuring test runs beside it (conftest.py).
+pytestmark = pytest.mark.starts_processes
+
 # Below the sidecar's own range (20000-29999), which in-process sidecars on other workers
 # reserve from, and Linux's ephemeral range; side by side, each worker its own slice. A port
 # this module closed and binds again was once taken in between by another worker's test.

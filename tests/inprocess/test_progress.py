@@ -16,9 +16,13 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import pytest
 
 from tests.support.cluster.inprocess import Cluster, ready_cluster, until
 from tests.support.commands import start_rallypoint
+
+#: Starts the product's processes: no machine-measuring test runs beside it (conftest.py).
+pytestmark = pytest.mark.starts_processes
 
 TOKEN = "progress-test-secret"
 #: A keep-alive every 0.2 s: a mark reaches the master within a moment.
