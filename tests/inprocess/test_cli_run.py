@@ -24,6 +24,9 @@ from tests.support.env import child_env
 from tests.support.holdproxy import HoldingProxy
 from tests.support.served import Served
 
+#: Starts the product's processes: no machine-measuring test runs beside it (conftest.py).
+pytestmark = pytest.mark.starts_processes
+
 
 def run_argv(served: Served, *args: str) -> list[str]:
     return [sys.executable, "-m", "rallypoint", "run", "--local-port", str(served.local_port),
@@ -134,8 +137,6 @@ def test_a_bad_variable_names_itself(served: Served) -> None:
 SCRIPT = """
 import os, signal, subprocess, sys, time
 
-#: Starts the product's processes: no machine-measuring test runs beside it (conftest.py).
-pytestmark = pytest.mark.starts_processes
 out = sys.argv[1]
 # A data-loader-like grandchild in the same process group, which outlives nothing.
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
