@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from rallypoint import wire
 from rallypoint.model import ClusterDoc, OverrideSource
@@ -101,12 +101,15 @@ class Verification:
 
     def recheck(self, host: str) -> None:
         """A known worker joined again: retry a verification that gave up or waits on it."""
-        task, doc = self._verify_task, self.doc
-        if self.ctx.readiness.ready or doc is None or task is None or self.book is None:
+        task, doc, book = self._verify_task, self.doc, self.book
+        if self.ctx.readiness.ready or doc is None or task is None or book is None:
             return
-        if doc is not self.book.doc:
+        if doc is not book.doc:
             return  # a newer document is on its way through run()
-        if task.done() or any(r.host == host for r in self.ctx.readiness.phase):
+        verdict = book.verdict.current
+        if verdict is not None and verdict.verified:
+            return  # the others turn ready on it and close their windows: checked already
+        if task.done() or waits_on(self.ctx.readiness.phase, host, self.ctx.spec.rank):
             log.info("verification_retry", extra={"trigger": "join", "host": host})
             self._start_verification(doc)
 
@@ -207,3 +210,9 @@ async def _reopen(windows: Windows) -> None:
     while windows.busy:
         await asyncio.sleep(REOPEN_S)
         await windows.reopen_busy()
+
+
+def waits_on(phase: Sequence[Reason], host: str, rank: int) -> bool:
+    """Whether node ``rank``'s own checks wait on ``host``: a reason names it, other than a
+    failure between two other nodes (their report: checking again here cannot mend it)."""
+    return any(r.host == host and not (len(r.ranks) == 2 and rank not in r.ranks) for r in phase)
