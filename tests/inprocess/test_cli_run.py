@@ -189,18 +189,22 @@ def test_signals_are_forwarded_to_the_group_and_nothing_of_it_is_left(
 def test_sigterm_stops_the_job_and_says_it_came_from_outside(
     served: Served, tmp_path: Path
 ) -> None:
+    assert stopped_from_outside(served, tmp_path) == 9
+    seen = job(served)
+    assert seen["first"]["what"] == "stopped from outside by SIGTERM"  # type: ignore[index]
+
+
+def stopped_from_outside(served: Served, tmp_path: Path) -> int:
+    """`run` of a job that exits 9 on SIGTERM, sent SIGTERM once the job runs; its status."""
     out = tmp_path / "out"
     script = f'echo $$ > {out}; trap "exit 9" TERM; while true; do sleep 0.1; done'
     proc = start_run(served, "--", "sh", "-c", script)
     try:
         wait_file(out)
         proc.send_signal(signal.SIGTERM)
-        status = proc.wait(30)
+        return proc.wait(30)
     finally:
         proc.kill()
-    assert status == 9
-    seen = job(served)
-    assert seen["first"]["what"] == "stopped from outside by SIGTERM"  # type: ignore[index]
 
 
 def test_a_job_that_ignores_sigterm_dies_with_a_killed_run(served: Served, tmp_path: Path) -> None:
@@ -257,18 +261,10 @@ def test_an_outside_stop_the_sidecar_takes_late_is_still_named_first(
     """The stop's report reaches the sidecar only after the job's end that followed it (the
     sidecar starved of CPU): `run` said it again before the end, so the outside stop is
     still the first failure, not the exit it caused."""
-    out = tmp_path / "out"
-    script = f'echo $$ > {out}; trap "exit 9" TERM; while true; do sleep 0.1; done'
     proxy = HoldingProxy(served.local_port, b'"terminated"', hold_s=4.0)
     late = Served(served.proc, proxy.port, served.peer_port, served.master_port, served.tf_port)
     try:
-        proc = start_run(late, "--", "sh", "-c", script)
-        try:
-            wait_file(out)
-            proc.send_signal(signal.SIGTERM)
-            status = proc.wait(30)
-        finally:
-            proc.kill()
+        status = stopped_from_outside(late, tmp_path)
         assert proxy.held.is_set(), "the stop was never reported"
         time.sleep(4.5)  # the held report has reached the sidecar by now
     finally:
