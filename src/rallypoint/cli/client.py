@@ -207,7 +207,11 @@ def call(
         raise WriteRefused(f"the sidecar on {_where(base_url)} refused {route.context}: {said}")
     if refusal is not None and refusal.code in _REFUSALS:
         raise _REFUSALS[refusal.code](refusal.error)
-    raise _unexpected(base_url, f"{route.method} {path}", answer, "")
+    first = answer.body.strip().splitlines()[0][:200] if answer.body.strip() else ""
+    raise SidecarError(
+        f"{route.method} {path} on {_where(base_url)} answered {answer.status} {first!r}:"
+        " is a rallypoint sidecar of the same version listening there?"
+    )
 
 
 def _refusal(answer: Answer) -> local.ErrorAnswer | None:
@@ -248,15 +252,6 @@ def decode(base_url: str, route: localapi.LocalRoute[Any], answer: Answer, kind:
         raise SidecarError(
             f"{exc}: is a rallypoint sidecar of the same version listening there?"
         ) from None
-
-
-def _unexpected(base_url: str, request: str, answer: Answer, what: str) -> SidecarError:
-    """An answer outside the contract: its status and first line (``what``: what it is not)."""
-    first = answer.body.strip().splitlines()[0][:200] if answer.body.strip() else ""
-    return SidecarError(
-        f"{request} on {_where(base_url)} answered {answer.status} {first!r}{what}:"
-        " is a rallypoint sidecar of the same version listening there?"
-    )
 
 
 def fetch_env(

@@ -11,15 +11,13 @@ wire/jobstates.py.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
 from rallypoint.model import Nodes, Rank
 from rallypoint.reasons import Reason
 from rallypoint.wire.jobstates import JobView
-
-T = TypeVar("T")
 
 #: GET /env?format=json: the contract's variables, names to values.
 EnvValues = dict[str, str]
