@@ -13,6 +13,7 @@ from rallypoint.sidecar import Sidecar
 from tests.support.cluster.inprocess import ready_cluster
 from tests.support.ports import free_port
 from tests.support.settings import fast_settings
+from tests.support.shown import status_view
 
 AUTH_WARNING = "peer messages are not authenticated: set RALLYPOINT_TOKEN on every node"
 #: No throughput measurement: three nodes of one event loop share loopback, which retransmits
@@ -35,7 +36,7 @@ async def test_a_single_node_without_a_token_warns_of_nothing(
         assert doc["warnings"] == []
         (own,) = doc["peers"]  # type: ignore[misc]
         assert own["verdict"] == "loopback" and own["excused"].startswith("a single node")
-        explained = format_status(doc, explain=True)
+        explained = format_status(status_view(doc), explain=True)
     assert [r.message for r in caplog.records if r.levelno >= logging.WARNING] == []
     # Explained, the fine verdict says what the lookup found and why that is fine: no remedy.
     assert "loopback (fine)" in explained

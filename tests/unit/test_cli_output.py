@@ -11,6 +11,7 @@ import pytest
 
 from rallypoint.cli import output
 from rallypoint.cli import status as cli_status
+from tests.support.shown import status_view
 
 SIZE = 1 << 20  # big enough that a plain write would be seen half-done
 
@@ -74,7 +75,7 @@ def test_write_atomic_leaves_no_temporary_file_when_it_fails(
 
 
 def test_format_status_tolerates_a_minimal_document() -> None:
-    text = cli_status.format_status({"ready": True})
+    text = cli_status.format_status(status_view({"ready": True}))
     assert text.split() == ["ready", "yes"]
 
 
@@ -90,17 +91,18 @@ _LOOPBACK = f"{_FACT}; map the name to the node's cluster address"
 def test_an_excused_verdict_reads_as_fine_and_explains_why_without_a_remedy() -> None:
     # /status gives an excused verdict's detail without its remedy (rendezvous/status.py).
     doc = {"ready": True, "peers": [_peer(detail=_FACT, excused="a single node")]}
-    plain = cli_status.format_status(doc)
+    plain = cli_status.format_status(status_view(doc))
     assert "loopback (fine)" in plain
     assert "DETAIL" not in plain  # nothing left to say in it
-    explained = cli_status.format_status(doc, explain=True)
+    explained = cli_status.format_status(status_view(doc), explain=True)
     assert f"{_FACT}; fine: a single node" in explained
     assert "map the name" not in explained
 
 
 def test_a_verdict_that_is_a_problem_keeps_its_remedy() -> None:
     doc = {"ready": False, "peers": [_peer(detail=_LOOPBACK, excused=None)]}
-    for text in (cli_status.format_status(doc), cli_status.format_status(doc, explain=True)):
+    shown = status_view(doc)
+    for text in (cli_status.format_status(shown), cli_status.format_status(shown, explain=True)):
         assert "(fine)" not in text
         assert "map the name" in text
 
@@ -112,7 +114,7 @@ def test_status_shows_the_job_and_its_first_failure() -> None:
         "first": {**node, "ago_s": 4.25},
         "nodes": [node, {"rank": 0, "host": "main1", "state": "running", "what": "running"}],
     }
-    text = cli_status.format_status({"ready": True, "job": job})
+    text = cli_status.format_status(status_view({"ready": True, "job": job}))
     assert "job: 2 running, 1 exited, 1 not started" in text
     assert "first failure: sub2 (rank 2) exited 3, 4.2 s ago" in text
     assert "  - main1 (rank 0): running" in text
@@ -128,7 +130,7 @@ def test_status_shows_the_attempt_and_each_earlier_attempt_s_first_failure() -> 
         "attempts": [{**crash, "ago_s": 60.0}, {**lost, "ago_s": 20.0}],
         "nodes": [],
     }
-    text = cli_status.format_status({"ready": True, "job": job})
+    text = cli_status.format_status(status_view({"ready": True, "job": job}))
     assert "job: attempt 2: 3 running" in text
     assert "  attempt 0: first failure sub2 (rank 2) exited 3, 60.0 s ago" in text
     assert "  attempt 1: first failure sub1 (rank 1) lost: x, 20.0 s ago" in text
@@ -137,4 +139,4 @@ def test_status_shows_the_attempt_and_each_earlier_attempt_s_first_failure() -> 
 
 def test_status_says_nothing_of_a_job_nobody_runs() -> None:
     job = {"counts": {"waiting": 3}, "first": None, "nodes": []}
-    assert "job" not in cli_status.format_status({"ready": True, "job": job})
+    assert "job" not in cli_status.format_status(status_view({"ready": True, "job": job}))

@@ -12,6 +12,7 @@ from rallypoint.core.liveness import Down, Watch, status, warning
 from rallypoint.errors import PeerMessageError
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire import jobstates
+from tests.support.shown import status_view
 
 HOSTS = ("m", "a", "b", "c")
 
@@ -243,7 +244,7 @@ def test_status_lists_the_nodes_that_left() -> None:
     section = status(w, w.view(), wall=lambda: 1000.0)
     assert section["left"] == [{"rank": 1, "host": "a", "since": 980.0, "for_s": 20.0}]
     assert section["down"] == []
-    lines = format_status({"ready": True, "liveness": section}).splitlines()
+    lines = format_status(status_view({"ready": True, "liveness": section})).splitlines()
     assert lines[-2:] == [
         "left:",
         "  - a (rank 1) said goodbye 20 s ago (its sidecar stopped on purpose; not down)",

@@ -16,6 +16,7 @@ from rallypoint.core.links import LinkStat
 from rallypoint.errors import PeerMessageError
 from rallypoint.reasons import Reason, unreachable_reason
 from rallypoint.wire import routes
+from tests.support.shown import status_view
 
 HOSTS = ["main1", "sub1", "sub2", "sub3"]
 
@@ -217,18 +218,18 @@ def test_a_large_cluster_status_counts_the_peers_and_lists_the_problems_only() -
     peers[9] = _peer(9, joined=False, verdict=None)
     peers[50:] = [_peer(r, verified=False, verdict=None) for r in range(50, 100)]
     doc = {"ready": False, "peers": peers}
-    text = format_status(doc)
+    text = format_status(status_view(doc))
     assert (
         "peers: 100 (50 not checked here, 48 ok, 1 failed, 1 not joined); these have a problem"
         in text
     )
     rows = [line.split()[0] for line in text.splitlines() if line[:1].isdigit()]
     assert rows == ["5", "9"]
-    every = format_status(doc, show_all=True)
+    every = format_status(status_view(doc), show_all=True)
     assert sum(1 for line in every.splitlines() if line[:1].isdigit()) == 100
 
 
 def test_a_small_cluster_status_lists_every_peer() -> None:
-    text = format_status({"ready": True, "peers": [_peer(r) for r in range(8)]})
+    text = format_status(status_view({"ready": True, "peers": [_peer(r) for r in range(8)]}))
     assert "peers:" not in text
     assert sum(1 for line in text.splitlines() if line[:1].isdigit()) == 8

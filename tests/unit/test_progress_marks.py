@@ -14,6 +14,7 @@ from rallypoint.core.progress import Mark, ProgressBook, Summary, behind, where
 from rallypoint.errors import PeerMessageError
 from rallypoint.wire import alive as wirealive
 from rallypoint.wire import jobstates
+from tests.support.shown import job_view
 
 HOSTS = ("sub0", "sub1", "sub2", "sub3")
 
@@ -182,7 +183,7 @@ def test_status_shows_each_nodes_last_mark_and_who_is_behind() -> None:
             "nodes": [mark],
         },
     }
-    assert job_lines(job) == [
+    assert job_lines(job_view(job)) == [
         "",
         "job: 2 running",
         "  progress: 2 nodes marked; oldest sub2 (rank 2), step 11 (data), 6.2 s ago;"

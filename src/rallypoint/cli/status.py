@@ -91,18 +91,14 @@ def status(
 _PEER_COLUMNS = ("rank", "host", "joined", "addresses", "tf_port", "verdict", "resolved", "detail")
 
 
-def format_status(
-    view: StatusView | Mapping[str, Any], *, explain: bool = False, show_all: bool = False
-) -> str:
-    """A readable rendering of GET /status (a raw document is decoded first; the --json
-    form carries everything).
+def format_status(doc: StatusView, *, explain: bool = False, show_all: bool = False) -> str:
+    """A readable rendering of GET /status (the --json form carries everything).
 
     A verdict the sidecar excused (no problem on this node) reads `VERDICT (fine)`; with
     ``explain`` its detail (what the lookup found, no remedy: /status leaves it out) and
     why it is fine. Above
     SUMMARY_ABOVE peers the table lists the peers with problems only, unless ``show_all``.
     """
-    doc = view if isinstance(view, StatusView) else msgspec.convert(view, StatusView)
     head: list[tuple[str, object]] = [("ready", doc.ready)]
     head += [(key, value) for key, value in (("generation", doc.generation), ("role", doc.role))
              if value is not msgspec.UNSET]  # fmt: skip
@@ -147,9 +143,8 @@ def format_status(
     return "\n".join(out)
 
 
-def job_lines(job: JobView | Mapping[str, Any], *, show_all: bool = False) -> list[str]:
+def job_lines(view: JobView, *, show_all: bool = False) -> list[str]:
     """The supervised job (`rallypoint run`): the first failure, counts, then node by node."""
-    view = job if isinstance(job, JobView) else msgspec.convert(job, JobView)
     started = {k: v for k, v in view.counts.items() if k != JobStatus.WAITING and v}
     if not started and view.first is None:
         return []  # no node runs its job under `rallypoint run` (yet)
